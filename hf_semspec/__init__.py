@@ -1,0 +1,32 @@
+"""hf_semspec: speculative decoding for transformers' `generate()` with semantic acceptance rules.
+
+    import hf_semspec
+    hf_semspec.attach(target)
+    out = target.generate(**inputs, assistant_model=draft, acceptance="exact")
+"""
+
+from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode
+from .errors import SemSpecConfigError
+from .generation import attach, detach, generate, restore_saved_generation_fields, set_default_acceptance
+from .rules import AcceptanceRule, RuleConfig, VerificationInput, VerificationResult, available_rules, register_rule
+from .stats import AcceptanceStats
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcceptanceRule",
+    "AcceptanceStats",
+    "RuleConfig",
+    "SemSpecConfigError",
+    "SpeculativeDecoderOnlyOutput",
+    "VerificationInput",
+    "VerificationResult",
+    "attach",
+    "available_rules",
+    "detach",
+    "generate",
+    "register_rule",
+    "restore_saved_generation_fields",
+    "set_default_acceptance",
+    "speculative_decode",
+]

@@ -1,0 +1,164 @@
+"""Dataclass configs for pluggable components (acceptance rules, draft-length policies).
+
+Every option is a dataclass field whose `metadata` carries a `help` string and, where it applies, a `Range` or a
+tuple of `choices`. `ComponentConfig.validate()` checks types, ranges and choices from that metadata, so a component
+only writes code for the checks that involve several fields at once (`_validate_extra`). Configs are plain JSON
+values, which is what lets them live inside a `GenerationConfig` saved to JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import types
+import typing
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from .errors import SemSpecConfigError, invalid_value
+
+
+@dataclass(frozen=True)
+class Range:
+    """A numeric interval used in field metadata, e.g. `Range(0, 1, high_inclusive=False)` is ``[0, 1)``."""
+
+    low: float = -math.inf
+    high: float = math.inf
+    low_inclusive: bool = True
+    high_inclusive: bool = True
+
+    def __contains__(self, value: float) -> bool:
+        above = value >= self.low if self.low_inclusive else value > self.low
+        below = value <= self.high if self.high_inclusive else value < self.high
+        return above and below
+
+    def __str__(self) -> str:
+        left = "[" if self.low_inclusive else "("
+        right = "]" if self.high_inclusive else ")"
+        return f"{left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
+
+
+def _fmt(x: float) -> str:
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+_UNION_TYPES = (typing.Union, types.UnionType)
+
+
+def _describe_type(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin in _UNION_TYPES:
+        return " or ".join(_describe_type(a) for a in typing.get_args(tp))
+    return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
+
+
+def _matches_type(value: Any, tp: Any) -> bool:
+    origin = typing.get_origin(tp)
+    if origin in _UNION_TYPES:
+        return any(_matches_type(value, a) for a in typing.get_args(tp))
+    if tp is type(None):
+        return value is None
+    if tp is float:  # JSON has one number type: accept ints where floats are expected, never bools
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is not None:
+        return isinstance(value, origin)
+    return isinstance(value, tp)
+
+
+@dataclass
+class ComponentConfig:
+    """Base of every rule and policy config.
+
+    Subclasses are dataclasses whose fields carry `metadata={"help": ..., "range": Range(...)}` or
+    `metadata={"help": ..., "choices": (...)}`.
+    """
+
+    # Set by subclasses: used in error messages, e.g. "acceptance_kwargs" and the component's name.
+    argument_name: ClassVar[str] = "kwargs"
+    component_name: ClassVar[str] = ""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    @classmethod
+    def field_docs(cls) -> list[dict[str, Any]]:
+        """One dict per option: `name`, `type`, `default`, `range` (or `choices`) and `help` — for docs and cards."""
+        hints = typing.get_type_hints(cls)
+        rows = []
+        for f in dataclasses.fields(cls):
+            allowed = f.metadata.get("range") or f.metadata.get("choices")
+            rows.append(
+                {
+                    "name": f.name,
+                    "type": _describe_type(hints[f.name]),
+                    "default": f.default,
+                    "allowed": str(allowed) if isinstance(allowed, Range) else (list(allowed) if allowed else None),
+                    "help": f.metadata.get("help", ""),
+                }
+            )
+        return rows
+
+    @classmethod
+    def from_kwargs(cls, kwargs: dict[str, Any] | None) -> "ComponentConfig":
+        """Builds and validates a config from user kwargs (`None` means all defaults)."""
+        if kwargs is None:
+            kwargs = {}
+        if isinstance(kwargs, cls):
+            kwargs.validate()
+            return kwargs
+        if not isinstance(kwargs, dict):
+            raise invalid_value(
+                cls.argument_name,
+                kwargs,
+                f"a dict of options of '{cls.component_name}'",
+                f"pass e.g. {cls.argument_name}={{}} or a {cls.__name__}",
+            )
+        names = [f.name for f in dataclasses.fields(cls)]
+        unknown = sorted(set(kwargs) - set(names))
+        if unknown:
+            raise SemSpecConfigError(
+                f"`{cls.argument_name}` has unknown option(s) {unknown} for '{cls.component_name}': "
+                f"allowed {names or 'no options'}. Fix: remove or rename them."
+            )
+        return cls(**kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def validate(self) -> None:
+        """Checks every field against its type, range and choices; raises `SemSpecConfigError` naming the fix."""
+        hints = typing.get_type_hints(type(self))
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            field_label = f"{self.argument_name}['{f.name}']"
+            if not _matches_type(value, hints[f.name]):
+                raise invalid_value(
+                    field_label,
+                    value,
+                    f"a value of type {_describe_type(hints[f.name])} ({f.metadata.get('help', '')})",
+                    f"pass e.g. {self.argument_name}={{'{f.name}': {f.default!r}}} (the default)",
+                )
+            allowed_range = f.metadata.get("range")
+            if allowed_range is not None and value is not None and value not in allowed_range:
+                raise invalid_value(
+                    field_label,
+                    value,
+                    f"values in {allowed_range} for '{self.component_name}'",
+                    f"choose a value in {allowed_range}; the default is {f.default!r}",
+                )
+            choices = f.metadata.get("choices")
+            if choices is not None and value not in choices:
+                raise invalid_value(
+                    field_label,
+                    value,
+                    f"one of {list(choices)} for '{self.component_name}'",
+                    f"pass one of {list(choices)}; the default is {f.default!r}",
+                )
+        self._validate_extra()
+
+    def _validate_extra(self) -> None:
+        """Checks that involve several fields; subclasses override."""

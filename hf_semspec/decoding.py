@@ -1,0 +1,252 @@
+"""The speculative decoding loop.
+
+`speculative_decode` is handed to transformers' `generate(custom_generate=...)`, so transformers has already done
+what every decoding method shares — merged the generation config, built the logits processors and stopping
+criteria, set `max_length`, created the target's cache and streamed the prompt — and this module only runs rounds:
+
+    1. draft γ tokens with the draft model and its own KV cache;
+    2. run the target once over the tokens it has not seen plus the γ drafts (γ + 1 logits);
+    3. apply the logits processors position by position;
+    4. verify with the acceptance rule (a pure function of logits and ids);
+    5. one host sync: the accepted count and the emitted tokens, cut at EOS and at `max_length`;
+    6. append, stream, roll both caches back to the accepted prefix;
+    7. record outputs and decide whether to stop.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers.generation import EosTokenCriteria, MaxLengthCriteria
+from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+from .drafting import ModelDrafter
+from .errors import invalid_value
+from .model_calls import accepts_forward_argument, capture_lm_head_input, forward_new_tokens
+from .rules.base import AcceptanceRule, VerificationInput
+from .stats import AcceptanceStats
+
+# Keys of `model_kwargs` that the loop manages itself (transformers prepared them for one-token-per-step decoding).
+_MANAGED_MODEL_KWARGS = ("past_key_values", "attention_mask", "position_ids", "use_cache", "logits_to_keep")
+
+
+@dataclass
+class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
+    """`GenerateDecoderOnlyOutput` plus the round statistics.
+
+    Args:
+        acceptance_stats (`AcceptanceStats`): drafted/accepted counts, target forwards, mean accepted length and
+            per-position acceptance of this call.
+    """
+
+    acceptance_stats: AcceptanceStats | None = None
+
+
+def check_generation_config(generation_config: GenerationConfig, input_ids: torch.LongTensor, rule: AcceptanceRule):
+    """Rejects what the speculative loop does not support, before any forward pass."""
+    unsupported = {
+        "num_beams": (generation_config.num_beams, 1, "beam search is not speculative; remove num_beams"),
+        "num_return_sequences": (
+            generation_config.num_return_sequences,
+            1,
+            "call generate() once per sequence, or drop assistant_model for plain sampling",
+        ),
+        "output_attentions": (generation_config.output_attentions, False, "remove output_attentions=True"),
+        "output_hidden_states": (generation_config.output_hidden_states, False, "remove output_hidden_states=True"),
+        "use_cache": (generation_config.use_cache, True, "speculative decoding needs the KV cache: use_cache=True"),
+    }
+    for field, (value, supported, fix) in unsupported.items():
+        if value not in (None, supported):
+            raise invalid_value(field, value, f"{supported!r} with an acceptance rule", fix)
+    if generation_config.guidance_scale not in (None, 1, 1.0):
+        raise invalid_value(
+            "guidance_scale",
+            generation_config.guidance_scale,
+            "None or 1 with an acceptance rule (classifier-free guidance re-runs the model one token at a time)",
+            "remove guidance_scale, or drop assistant_model",
+        )
+    if generation_config.cache_implementation is not None:
+        raise invalid_value(
+            "cache_implementation",
+            generation_config.cache_implementation,
+            "None (a DynamicCache, which can be rolled back after rejections)",
+            "remove cache_implementation",
+        )
+    if input_ids.shape[0] != 1:
+        raise invalid_value(
+            "input_ids.shape[0] (batch size)",
+            input_ids.shape[0],
+            "1 (batched speculative decoding is not supported yet)",
+            "call generate() once per prompt",
+        )
+    if input_ids.shape[1] == 0:
+        raise invalid_value("input_ids.shape[1] (prompt length)", 0, "at least 1 token", "pass a non-empty prompt")
+    rule.check_decoding_mode(bool(generation_config.do_sample))
+
+
+def _split_stopping_criteria(stopping_criteria: StoppingCriteriaList) -> tuple[set[int], StoppingCriteriaList]:
+    """EOS ids (handled on the host from the emitted tokens) and the criteria that must be called on the sequence.
+
+    `MaxLengthCriteria` is enforced by capping γ and cutting the emitted tokens, so it needs no call either.
+    """
+    eos_ids: set[int] = set()
+    others = StoppingCriteriaList()
+    for criterion in stopping_criteria:
+        if isinstance(criterion, EosTokenCriteria):
+            eos_ids.update(criterion.eos_token_id.flatten().tolist())
+        elif not isinstance(criterion, MaxLengthCriteria):
+            others.append(criterion)
+    return eos_ids, others
+
+
+def _unmanaged_forward_kwargs(model_kwargs: dict) -> dict:
+    extra = {k: v for k, v in model_kwargs.items() if k not in _MANAGED_MODEL_KWARGS and v is not None}
+    tensors = sorted(k for k, v in extra.items() if isinstance(v, torch.Tensor))
+    if tensors:
+        raise invalid_value(
+            f"model kwargs {tensors}",
+            "tensors",
+            "no per-token model inputs besides input_ids and attention_mask with an acceptance rule",
+            f"remove {tensors} from the generate() call",
+        )
+    return extra
+
+
+def speculative_decode(
+    model: torch.nn.Module,
+    input_ids: torch.LongTensor,
+    logits_processor: LogitsProcessorList,
+    stopping_criteria: StoppingCriteriaList,
+    generation_config: GenerationConfig,
+    *,
+    assistant_model: torch.nn.Module,
+    rule: AcceptanceRule,
+    num_draft_tokens: int,
+    streamer=None,
+    **model_kwargs,
+) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
+    """Speculative decoding of `model` (the target) with `assistant_model` (the draft) and an acceptance `rule`.
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt.
+        logits_processor / stopping_criteria / generation_config: as prepared by `GenerationMixin.generate`.
+        assistant_model (`PreTrainedModel`): the draft model.
+        rule (`AcceptanceRule`): decides which drafts are kept (`acceptance=`).
+        num_draft_tokens (`int`): γ, drafts per round (capped near `max_length`).
+        streamer (`BaseStreamer`, *optional*): receives each round's new tokens.
+        model_kwargs: the target's cache (`past_key_values`), `attention_mask`, and non-tensor forward options.
+
+    Returns:
+        `SpeculativeDecoderOnlyOutput` if `generation_config.return_dict_in_generate`, else the sequences
+        `torch.LongTensor` of shape `(1, total_length)`.
+    """
+    # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
+    check_generation_config(generation_config, input_ids, rule)
+    target_cache = model_kwargs["past_key_values"]
+    target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
+    attention_mask = model_kwargs.get("attention_mask")
+    forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
+    target_supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
+    do_sample = bool(generation_config.do_sample)
+    max_length = generation_config.max_length
+    eos_ids, called_stopping_criteria = _split_stopping_criteria(stopping_criteria)
+    drafter = ModelDrafter(
+        assistant_model,
+        logits_processor,
+        do_sample=do_sample,
+        return_probs=do_sample or rule.requires_draft_probs,
+        output_device=input_ids.device,
+    )
+    lm_head = model.get_output_embeddings() if rule.requires_target_hidden_states else None
+    return_dict = generation_config.return_dict_in_generate
+    scores = () if return_dict and generation_config.output_scores else None
+    raw_logits = () if return_dict and generation_config.output_logits else None
+    prompt_length = input_ids.shape[1]
+    num_target_forwards = 0
+
+    finished = False
+    while not finished:
+        length = input_ids.shape[1]
+
+        # 1. Draft γ tokens; a round emits at most γ + 1 tokens, so γ is capped to stay within max_length.
+        gamma = max(0, min(num_draft_tokens, max_length - length - 1))
+        draft = drafter.draft(input_ids, attention_mask, gamma)
+        candidates = draft.sequence
+
+        # 2. One target forward over the unseen tokens and the drafts: logits for the γ + 1 positions.
+        with capture_lm_head_input(model) if lm_head is not None else nullcontext([]) as captured:
+            target_logits = forward_new_tokens(
+                model,
+                target_cache,
+                candidates,
+                attention_mask,
+                gamma + 1,
+                target_supports_logits_to_keep,
+                **forward_kwargs,
+            ).to(input_ids.device)
+        num_target_forwards += 1
+        hidden = captured[0][:, -(gamma + 1) :] if lm_head is not None else None
+
+        # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
+        processed = target_logits
+        if len(logits_processor) > 0:
+            processed = target_logits.clone()
+            for i in range(gamma + 1):
+                processed[:, i] = logits_processor(candidates[:, : length + i], processed[:, i])
+
+        # 4. Verify.
+        result = rule.verify(
+            VerificationInput(
+                draft_token_ids=candidates[:, length:],
+                target_logits=processed,
+                draft_probs=draft.probs,
+                target_hidden_states=hidden,
+                lm_head_weight=None if lm_head is None else lm_head.weight,
+                lm_head_bias=None if lm_head is None else getattr(lm_head, "bias", None),
+                do_sample=do_sample,
+            )
+        )
+
+        # 5. The round's one host sync: accepted count, next token and drafts, to cut at EOS / max_length.
+        synced = torch.cat([result.num_accepted, result.next_token, candidates[0, length:]]).tolist()
+        num_accepted, next_token, drafted = synced[0], synced[1], synced[2:]
+        emitted = drafted[:num_accepted] + [next_token]
+        keep = min(len(emitted), max_length - length)
+        eos_at = next((i for i, token in enumerate(emitted[:keep]) if token in eos_ids), None)
+        if eos_at is not None:
+            keep = eos_at + 1
+        new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
+        new_tokens = new_tokens[:, :keep]
+
+        # 6. Append, stream, and roll both caches back to the accepted prefix (the next token is not cached yet).
+        input_ids = torch.cat([input_ids, new_tokens], dim=1)
+        if attention_mask is not None:
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(1, keep)], dim=1)
+        if streamer is not None:
+            streamer.put(new_tokens.cpu())
+        target_cache.crop(-(target_cache.get_seq_length() - (length + num_accepted)))
+        drafter.rollback(length + num_accepted)
+
+        # 7. Outputs and stopping.
+        if scores is not None:
+            scores += tuple(processed[:, i] for i in range(keep))
+        if raw_logits is not None:
+            raw_logits += tuple(target_logits[:, i] for i in range(keep))
+        finished = eos_at is not None or input_ids.shape[1] >= max_length
+        if not finished and len(called_stopping_criteria) > 0:
+            finished = bool(called_stopping_criteria(input_ids, scores).all())
+
+    if streamer is not None:
+        streamer.end()
+    if not return_dict:
+        return input_ids
+    return SpeculativeDecoderOnlyOutput(
+        sequences=input_ids,
+        scores=scores,
+        logits=raw_logits,
+        past_key_values=target_cache,
+        acceptance_stats=rule.counters.to_stats(num_target_forwards, input_ids.shape[1] - prompt_length),
+    )

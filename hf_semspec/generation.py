@@ -1,0 +1,301 @@
+"""The user-facing entry point: `generate()` with `acceptance=`, and `attach()` to install it on a model instance."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import os
+import types
+from typing import Any
+
+import torch
+from huggingface_hub import try_to_load_from_cache
+from transformers import GenerationConfig
+
+from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
+from .decoding import speculative_decode
+from .errors import invalid_value
+from .rules import RULES
+
+logger = logging.getLogger(__name__)
+
+# Our fields inside `GenerationConfig` (and its JSON), as (component name, its options).
+ACCEPTANCE_FIELDS = ("acceptance", "acceptance_kwargs")
+SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS
+MAX_DRAFT_TOKENS = 128
+
+
+def _resolve_component(
+    call_name: Any,
+    call_kwargs: Any,
+    fields: tuple[str, str],
+    generation_config: GenerationConfig | None,
+    model_generation_config: GenerationConfig | None,
+) -> tuple[Any, Any, str | None]:
+    """Finds `(name, options, source)` for one component, by priority: the call's kwargs, the `generation_config`
+    passed to the call, the model's own generation config. Options come from the same source as the name unless the
+    call passes them, so that one rule's options never leak into another rule."""
+    name_field, kwargs_field = fields
+    if call_name is not None:
+        return call_name, call_kwargs, "call"
+    for source, config in (("generation_config", generation_config), ("model", model_generation_config)):
+        name = getattr(config, name_field, None) if config is not None else None
+        if name is not None:
+            options = call_kwargs if call_kwargs is not None else getattr(config, kwargs_field, None)
+            return name, options, source
+    if call_kwargs is not None:
+        raise invalid_value(
+            kwargs_field,
+            call_kwargs,
+            f"only together with `{name_field}`",
+            f"also pass {name_field}=... (hf_semspec.available_rules() lists the names)",
+        )
+    return None, None, None
+
+
+def _first_set(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
+
+
+def _resolve_num_draft_tokens(
+    kwargs: dict, generation_config: GenerationConfig | None, model: torch.nn.Module, default: int
+) -> int:
+    """γ: `num_assistant_tokens` from the call, else from the passed or the model's generation config, else the
+    rule's default. (Stock transformers reads it from the *draft's* generation config and ignores the call's.)"""
+    value = _first_set(
+        kwargs.get("num_assistant_tokens"),
+        getattr(generation_config, "num_assistant_tokens", None),
+        model.generation_config.num_assistant_tokens,
+    )
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
+        raise invalid_value(
+            "num_assistant_tokens",
+            value,
+            f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)",
+            f"pass e.g. num_assistant_tokens={default}, or leave it unset for the rule's default",
+        )
+    schedule = _first_set(
+        kwargs.get("num_assistant_tokens_schedule"),
+        getattr(generation_config, "num_assistant_tokens_schedule", None),
+    )
+    if schedule not in (None, "constant"):
+        raise invalid_value(
+            "num_assistant_tokens_schedule",
+            schedule,
+            "'constant' with an acceptance rule",
+            "remove num_assistant_tokens_schedule; the draft length is num_assistant_tokens",
+        )
+    return value
+
+
+def _vocab_size(model: torch.nn.Module) -> int:
+    return model.config.get_text_config().vocab_size
+
+
+def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
+    if not (isinstance(assistant_model, torch.nn.Module) and hasattr(assistant_model, "config")):
+        raise invalid_value(
+            "assistant_model",
+            type(assistant_model).__name__,
+            "a transformers causal LM (PreTrainedModel)",
+            "pass e.g. AutoModelForCausalLM.from_pretrained(<draft>)",
+        )
+    for field, m in (("model", model), ("assistant_model", assistant_model)):
+        if m.config.is_encoder_decoder:
+            raise invalid_value(
+                f"{field} (is_encoder_decoder)",
+                True,
+                "decoder-only models with acceptance rules",
+                "use decoder-only causal LMs for target and draft",
+            )
+    target_vocab, draft_vocab = _vocab_size(model), _vocab_size(assistant_model)
+    if target_vocab != draft_vocab:
+        raise invalid_value(
+            "assistant_model (vocab_size)",
+            draft_vocab,
+            f"the target's vocab_size {target_vocab}: drafts are verified token id by token id",
+            "use a draft that shares the target's tokenizer and vocabulary size",
+        )
+
+
+def generate(
+    model: torch.nn.Module,
+    inputs: torch.Tensor | None = None,
+    generation_config: GenerationConfig | None = None,
+    logits_processor=None,
+    stopping_criteria=None,
+    prefix_allowed_tokens_fn=None,
+    synced_gpus: bool | None = None,
+    assistant_model: torch.nn.Module | None = None,
+    streamer=None,
+    negative_prompt_ids: torch.Tensor | None = None,
+    negative_prompt_attention_mask: torch.Tensor | None = None,
+    custom_generate=None,
+    acceptance: str | None = None,
+    acceptance_kwargs: dict | None = None,
+    **kwargs,
+):
+    r"""transformers' `generate()`, plus speculative decoding with a choice of acceptance rule.
+
+    With `acceptance` (here, or as a field of `generation_config` or of `model.generation_config`) and an
+    `assistant_model`, decoding runs hf_semspec's speculative loop; otherwise this is stock transformers
+    `generate()`, unchanged. A default `acceptance` saved in the model's generation config is ignored (with stock
+    decoding) when no `assistant_model` is given.
+
+    Args:
+        model (`PreTrainedModel`): the target model.
+        assistant_model (`PreTrainedModel`): the draft model; same tokenizer and vocabulary size as `model`.
+        acceptance (`str`, *optional*): the verification rule, one of `hf_semspec.available_rules()`, e.g.
+            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`.
+        acceptance_kwargs (`dict`, *optional*): options of the rule (its config dataclass), validated before
+            decoding starts.
+        num_assistant_tokens (`int`, *optional*, in kwargs): draft tokens per round γ; default: the rule's.
+        All other arguments: as `transformers.GenerationMixin.generate`.
+
+    Returns:
+        `torch.LongTensor` of shape `(1, length)`, or, with `return_dict_in_generate=True`, a
+        `SpeculativeDecoderOnlyOutput` whose `acceptance_stats` holds the round statistics.
+    """
+    stock_arguments = dict(
+        inputs=inputs,
+        generation_config=generation_config,
+        logits_processor=logits_processor,
+        stopping_criteria=stopping_criteria,
+        prefix_allowed_tokens_fn=prefix_allowed_tokens_fn,
+        synced_gpus=synced_gpus,
+        streamer=streamer,
+        negative_prompt_ids=negative_prompt_ids,
+        negative_prompt_attention_mask=negative_prompt_attention_mask,
+    )
+    stock_generate = type(model).generate  # the class's method, bypassing the instance override made by attach()
+
+    # 1. Which rule, from where.
+    rule_name, rule_kwargs, source = _resolve_component(
+        acceptance, acceptance_kwargs, ACCEPTANCE_FIELDS, generation_config, model.generation_config
+    )
+    if rule_name is None or (assistant_model is None and source == "model"):
+        return stock_generate(
+            model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
+        )
+    if assistant_model is None:
+        raise invalid_value(
+            "assistant_model",
+            None,
+            f"a draft model when acceptance={rule_name!r} is set",
+            "pass assistant_model=<draft model>, or drop `acceptance` for plain decoding",
+        )
+    if custom_generate is not None:
+        raise invalid_value(
+            "custom_generate",
+            custom_generate,
+            "None together with `acceptance` (hf_semspec supplies the decoding loop)",
+            "drop one of the two",
+        )
+    if synced_gpus:
+        raise invalid_value("synced_gpus", synced_gpus, "False/None with an acceptance rule", "remove synced_gpus")
+    if kwargs.get("inputs_embeds") is not None:
+        raise invalid_value(
+            "inputs_embeds", "a tensor", "input_ids only with an acceptance rule", "pass input_ids instead"
+        )
+
+    # 2. Build and validate everything before transformers prepares the inputs.
+    rule = RULES.build(rule_name, rule_kwargs)
+    _check_models(model, assistant_model)
+    num_draft_tokens = _resolve_num_draft_tokens(kwargs, generation_config, model, rule.default_num_draft_tokens)
+
+    # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
+    decoding_loop = functools.partial(
+        speculative_decode,
+        assistant_model=assistant_model,
+        rule=rule,
+        num_draft_tokens=num_draft_tokens,
+        streamer=streamer,
+    )
+    return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
+
+
+def _saved_generation_config(model: torch.nn.Module) -> dict | None:
+    """The generation_config.json the model was loaded from (local folder or the local Hub cache; no download)."""
+    source = getattr(model, "name_or_path", "") or ""
+    if not source:
+        return None
+    if os.path.isdir(source):
+        path = os.path.join(source, "generation_config.json")
+        path = path if os.path.isfile(path) else None
+    else:
+        cached = try_to_load_from_cache(source, "generation_config.json")
+        path = cached if isinstance(cached, str) else None
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def restore_saved_generation_fields(model: torch.nn.Module) -> list[str]:
+    """Puts back our fields that transformers dropped on load; returns the names restored.
+
+    `save_pretrained` writes `"_from_model_config": true` for a generation config derived from the model config,
+    and loading such a file drops every custom key, `acceptance` included.
+    """
+    saved = _saved_generation_config(model)
+    if not saved:
+        return []
+    restored = [
+        field
+        for field in SEMSPEC_GENERATION_FIELDS
+        if field in saved and getattr(model.generation_config, field, None) is None
+    ]
+    for field in restored:
+        setattr(model.generation_config, field, saved[field])
+    if restored:
+        mark_as_user_config(model.generation_config)
+    return restored
+
+
+def set_default_acceptance(model: torch.nn.Module, acceptance: str, acceptance_kwargs: dict | None = None) -> None:
+    """Stores `acceptance` (validated) in `model.generation_config`, so that `save_pretrained` keeps it."""
+    RULES.build(acceptance, acceptance_kwargs)
+    model.generation_config.acceptance = acceptance
+    model.generation_config.acceptance_kwargs = dict(acceptance_kwargs or {})
+    mark_as_user_config(model.generation_config)
+
+
+def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_kwargs: dict | None = None):
+    """Installs hf_semspec's `generate` on this one model instance and returns the model.
+
+    No transformers class is patched: other instances keep stock `generate`, and `detach(model)` undoes this.
+    Fields that transformers dropped from the model's saved generation config are restored, and `acceptance` /
+    `acceptance_kwargs`, if given, become the model's defaults (saved by `save_pretrained`).
+    """
+    if not callable(getattr(type(model), "generate", None)) or not hasattr(model, "generation_config"):
+        raise invalid_value(
+            "model",
+            type(model).__name__,
+            "a transformers model with `generate()` (GenerationMixin)",
+            "pass e.g. AutoModelForCausalLM.from_pretrained(...)",
+        )
+    model.generate = types.MethodType(generate, model)
+    restored = restore_saved_generation_fields(model)
+    if restored:
+        logger.info("Restored %s from the saved generation config of %s", restored, model.name_or_path)
+    if acceptance is not None:
+        set_default_acceptance(model, acceptance, acceptance_kwargs)
+    elif acceptance_kwargs is not None:
+        raise invalid_value(
+            "acceptance_kwargs", acceptance_kwargs, "only together with `acceptance`", "also pass acceptance=..."
+        )
+    elif is_derived_from_model_config(model.generation_config) and any(
+        getattr(model.generation_config, f, None) is not None for f in SEMSPEC_GENERATION_FIELDS
+    ):
+        mark_as_user_config(model.generation_config)  # fields set by hand before attach() must survive a save
+    return model
+
+
+def detach(model: torch.nn.Module):
+    """Removes what `attach` installed; the model's `generate` is stock transformers again."""
+    if isinstance(vars(model).get("generate"), types.MethodType) and vars(model)["generate"].__func__ is generate:
+        del model.generate
+    return model

@@ -1,0 +1,214 @@
+"""The acceptance-rule interface.
+
+A round of speculative decoding drafts γ tokens x̂_1..x̂_γ, runs the target once over them, and asks the rule which
+drafts to keep. Following vLLM's v0 rejection sampler, the work is split so that a rule only decides:
+
+- `accept()`: a per-position verdict, `(batch, γ)` booleans (a rule may look ahead, e.g. FLy's deferred window);
+- `rejection_token()`: what to emit at the first rejected position (default: the target's own token there).
+
+`AcceptanceRule.verify()` owns everything else: the cut at the first rejection, the bonus token from the target when
+all γ drafts are accepted, and the counters. Verification is a pure function of tensors — no model call — so every
+rule can be unit-tested on hand-written logits.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from functools import cached_property
+from typing import ClassVar
+
+import torch
+
+from ..component_config import ComponentConfig
+from ..errors import invalid_value
+from ..registry import Registry
+from ..stats import AcceptanceCounters
+
+
+@dataclass
+class RuleConfig(ComponentConfig):
+    """Base config of acceptance rules: the options passed as `acceptance_kwargs`."""
+
+    argument_name = "acceptance_kwargs"
+
+
+# Randomness goes through these two functions so tests can patch them with worked numbers.
+def sample_uniform(shape: tuple[int, ...], device: torch.device, generator: torch.Generator | None) -> torch.Tensor:
+    """u ~ U[0, 1) of `shape`, float32."""
+    return torch.rand(shape, device=device, generator=generator, dtype=torch.float32)
+
+
+def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.LongTensor:
+    """One draw per row from `probs` of shape `(..., vocab)`; returns shape `(...)`."""
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, num_samples=1, generator=generator).reshape(probs.shape[:-1])
+
+
+def gather_rows(values: torch.Tensor, position: torch.LongTensor) -> torch.Tensor:
+    """`values[b, position[b]]` for `values` of shape `(batch, length, ...)` → `(batch, ...)`."""
+    return values[torch.arange(values.shape[0], device=values.device), position]
+
+
+def residual_distribution(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(p − q, 0)) over the last axis (Leviathan et al. 2023, Algorithm 1); falls back to `p` where the
+    residual has no mass (p == q there, so a rejection cannot have happened, but the value must stay a distribution)."""
+    residual = (p - q).clamp_min(0)
+    mass = residual.sum(-1, keepdim=True)
+    return torch.where(mass > 0, residual / mass.clamp_min(torch.finfo(residual.dtype).tiny), p)
+
+
+@dataclass
+class VerificationInput:
+    """What a rule sees for one round. `γ` = number of draft tokens (may be 0).
+
+    Args:
+        draft_token_ids (`torch.LongTensor` of shape `(batch, γ)`): the drafted tokens x̂, in target vocabulary ids.
+        target_logits (`torch.FloatTensor` of shape `(batch, γ + 1, vocab)`): target logits after the logits
+            processors; row `i` predicts the token after `i` drafts (row γ gives the bonus token).
+        draft_probs (`torch.FloatTensor` of shape `(batch, γ, vocab)`, *optional*): the distribution each draft
+            token was drawn from (q, or the redistributed r of a pruned-vocabulary drafter). Given when sampling or
+            when the rule sets `requires_draft_probs`.
+        target_hidden_states (`torch.FloatTensor` of shape `(batch, γ + 1, hidden)`, *optional*): the input of the
+            target's LM head at the same positions as `target_logits`; given when the rule sets
+            `requires_target_hidden_states`.
+        lm_head_weight (`torch.Tensor` of shape `(vocab, hidden)`, *optional*) and `lm_head_bias` (`(vocab,)`,
+            *optional*): the target's LM head, given with the hidden states.
+        do_sample (`bool`): sampling (`True`) or greedy (`False`) decoding.
+        generator (`torch.Generator`, *optional*): RNG for the rule's draws; `None` uses torch's global RNG, as
+            transformers' sampling does.
+    """
+
+    draft_token_ids: torch.LongTensor
+    target_logits: torch.FloatTensor
+    draft_probs: torch.FloatTensor | None = None
+    target_hidden_states: torch.FloatTensor | None = None
+    lm_head_weight: torch.Tensor | None = None
+    lm_head_bias: torch.Tensor | None = None
+    do_sample: bool = False
+    generator: torch.Generator | None = None
+
+    @property
+    def num_draft_tokens(self) -> int:
+        return self.draft_token_ids.shape[1]
+
+    @cached_property
+    def target_probs(self) -> torch.FloatTensor:
+        """softmax of `target_logits` in float32, shape `(batch, γ + 1, vocab)` (computed once per round)."""
+        return self.target_logits.float().softmax(-1)
+
+    @cached_property
+    def target_greedy_ids(self) -> torch.LongTensor:
+        """argmax of `target_logits`, shape `(batch, γ + 1)` (first index on ties, as `torch.argmax`)."""
+        return self.target_logits.argmax(-1)
+
+    def target_prob_of_drafts(self) -> torch.FloatTensor:
+        """p_i(x̂_i), shape `(batch, γ)`."""
+        return self.target_probs[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
+
+    def draft_prob_of_drafts(self) -> torch.FloatTensor:
+        """q_i(x̂_i), shape `(batch, γ)`; needs `draft_probs`."""
+        return self.draft_probs.float().gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
+
+
+@dataclass
+class VerificationResult:
+    """Outcome of one round.
+
+    Args:
+        num_accepted (`torch.LongTensor` of shape `(batch,)`): accepted drafts, `0 ≤ n ≤ γ` (a prefix).
+        next_token (`torch.LongTensor` of shape `(batch,)`): the token emitted after them: the rule's rejection
+            token at position n, or the target's bonus token when n == γ.
+        accepted (`torch.BoolTensor` of shape `(batch, γ)`): the rule's per-position verdicts before the cut.
+    """
+
+    num_accepted: torch.LongTensor
+    next_token: torch.LongTensor
+    accepted: torch.BoolTensor
+
+
+class AcceptanceRule(ABC):
+    """Base of every acceptance rule; subclasses implement `accept` and, optionally, `rejection_token`.
+
+    Class attributes a rule sets:
+        name (`str`): the value of `acceptance=` that selects it.
+        config_class (`type[RuleConfig]`): its options (`acceptance_kwargs`).
+        paper (`str`): link to the method's paper.
+        lossless (`bool`): whether the output distribution provably equals the target's.
+        supports_greedy / supports_sampling (`bool`): which decoding modes the rule defines.
+        requires_draft_probs (`bool`): needs q even when decoding greedily.
+        requires_target_hidden_states (`bool`): needs the LM-head input at the verified positions.
+        default_num_draft_tokens (`int`): γ used when the user sets no `num_assistant_tokens`.
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[RuleConfig]]
+    paper: ClassVar[str] = ""
+    lossless: ClassVar[bool] = False
+    supports_greedy: ClassVar[bool] = True
+    supports_sampling: ClassVar[bool] = True
+    requires_draft_probs: ClassVar[bool] = False
+    requires_target_hidden_states: ClassVar[bool] = False
+    default_num_draft_tokens: ClassVar[int] = 5
+
+    def __init__(self, config: RuleConfig | None = None):
+        self.config = config if config is not None else self.config_class()
+        self.config.validate()
+        self.counters = AcceptanceCounters()
+
+    def check_decoding_mode(self, do_sample: bool) -> None:
+        """Raises before decoding when the rule does not define the requested mode."""
+        supported = self.supports_sampling if do_sample else self.supports_greedy
+        if not supported:
+            other = "do_sample=False" if do_sample else "do_sample=True"
+            raise invalid_value(
+                "do_sample",
+                do_sample,
+                f"{other} only, for acceptance='{self.name}'",
+                f"pass {other}, or choose another rule with `acceptance=`",
+            )
+
+    @abstractmethod
+    def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
+        """Per-position verdicts, shape `(batch, γ)`. Must not modify `inputs` in place."""
+
+    def rejection_token(self, inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
+        """Token emitted at the first rejected `position` (shape `(batch,)`); default: the target's own token."""
+        return self.target_token(inputs, position)
+
+    @staticmethod
+    def target_token(inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
+        """The target's token at `position`: argmax when greedy, a draw from p when sampling."""
+        if inputs.do_sample:
+            return sample_categorical(gather_rows(inputs.target_probs, position), inputs.generator)
+        return gather_rows(inputs.target_greedy_ids, position)
+
+    def verify(self, inputs: VerificationInput) -> VerificationResult:
+        """Runs the rule on one round: first-rejection cut, rejection/bonus token, counters. No host sync."""
+        gamma = inputs.num_draft_tokens
+        batch_size = inputs.target_logits.shape[0]
+        device = inputs.target_logits.device
+        if gamma == 0:
+            accepted = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
+            num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)
+            next_token = self.target_token(inputs, num_accepted)
+        else:
+            accepted = self.accept(inputs)
+            # The sequence keeps the longest all-accepted prefix: n = Σ_i Π_{j≤i} accepted_j.
+            num_accepted = accepted.long().cumprod(-1).sum(-1)
+            bonus = self.target_token(inputs, num_accepted)  # valid where n == γ (row γ is the bonus row)
+            correction = self.rejection_token(inputs, num_accepted.clamp(max=gamma - 1))
+            next_token = torch.where(num_accepted == gamma, bonus, correction)
+        self.counters.record(gamma, num_accepted)
+        return VerificationResult(num_accepted=num_accepted, next_token=next_token, accepted=accepted)
+
+
+RULES: Registry[AcceptanceRule] = Registry(
+    kind="acceptance rule", argument="acceptance", base=AcceptanceRule, listing_function="hf_semspec.available_rules"
+)
+register_rule = RULES.register
+
+
+def available_rules() -> list[str]:
+    """Names accepted by `generate(..., acceptance=...)`."""
+    return RULES.names()

@@ -1,0 +1,108 @@
+"""Tiny seeded models built from configs (no Hub here) and small helpers shared by the tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+import hf_semspec
+
+VOCAB = 128
+EOS = 3
+
+
+def tiny_llama_config(**overrides) -> LlamaConfig:
+    values = dict(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=VOCAB,
+        max_position_embeddings=256,
+        bos_token_id=1,
+        eos_token_id=EOS,
+        pad_token_id=0,
+        tie_word_embeddings=False,
+    )
+    values.update(overrides)
+    return LlamaConfig(**values)
+
+
+def tiny_llama(seed: int, **overrides) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(tiny_llama_config(**overrides)).eval()
+    # Random init gives near-uniform logits; a larger head spreads them so greedy choices are not knife-edge ties.
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    return model
+
+
+def perturbed_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
+    """The target with noise on every weight: a draft that agrees often but not always."""
+    draft = type(model)(model.config).eval()
+    draft.load_state_dict(model.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in draft.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std().clamp_min(1e-3))
+    return draft
+
+
+@pytest.fixture(scope="session")
+def target() -> LlamaForCausalLM:
+    return tiny_llama(seed=0)
+
+
+@pytest.fixture(scope="session")
+def unrelated_draft() -> LlamaForCausalLM:
+    return tiny_llama(seed=1)
+
+
+@pytest.fixture(scope="session")
+def close_draft(target) -> LlamaForCausalLM:
+    return perturbed_copy(target, scale=0.3, seed=2)
+
+
+@pytest.fixture
+def attached(target):
+    """The session target with hf_semspec attached for one test, detached afterwards."""
+    hf_semspec.attach(target)
+    yield target
+    hf_semspec.detach(target)
+
+
+def prompt(length: int = 8, seed: int = 0) -> torch.LongTensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(4, VOCAB, (1, length), generator=g)
+
+
+@pytest.fixture
+def patch_rng(monkeypatch):
+    """Replaces the rules' random draws (`sample_uniform`, `sample_categorical`) everywhere they are imported.
+
+    `patch_rng(uniform=0.4)` makes every u equal 0.4; `patch_rng(categorical="argmax")` makes every categorical
+    draw return the most likely token. Returns the list of distributions passed to categorical draws.
+    """
+    import sys
+
+    from hf_semspec.rules import RULES
+    from hf_semspec.rules import base as rules_base
+
+    def apply(uniform: float | None = None, categorical: str | None = None) -> list[torch.Tensor]:
+        drawn: list[torch.Tensor] = []
+        modules = {rules_base} | {sys.modules[RULES.get(n).__module__] for n in RULES.names()}
+        for module in modules:
+            if uniform is not None and hasattr(module, "sample_uniform"):
+                monkeypatch.setattr(module, "sample_uniform", lambda shape, device, generator: torch.full(shape, uniform, device=device))
+            if categorical == "argmax" and hasattr(module, "sample_categorical"):
+
+                def argmax_draw(probs, generator):
+                    drawn.append(probs.clone())
+                    return probs.argmax(-1)
+
+                monkeypatch.setattr(module, "sample_categorical", argmax_draw)
+        return drawn
+
+    return apply

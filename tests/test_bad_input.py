@@ -1,0 +1,144 @@
+"""Every bad input gets an error naming the field, the value received, what is allowed and the fix — raised before
+any decoding starts."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import prompt, tiny_llama
+
+import hf_semspec
+from hf_semspec import SemSpecConfigError
+
+
+@pytest.fixture
+def no_forward(monkeypatch, attached, close_draft):
+    """Fails the test if any model forward runs: errors must come before decoding starts."""
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("a forward pass ran before the bad input was rejected")
+
+    for model in (attached, close_draft):
+        monkeypatch.setattr(model, "forward", forbidden)
+    return attached, close_draft
+
+
+def generate(models, **kwargs):
+    target, draft = models
+    kwargs.setdefault("assistant_model", draft)
+    kwargs.setdefault("max_new_tokens", 5)
+    return target.generate(kwargs.pop("input_ids", prompt(6)), **kwargs)
+
+
+def test_unknown_rule_lists_available(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`acceptance` = 'exactt'.*allowed one of \[.*'exact'.*\]"):
+        generate(no_forward, acceptance="exactt")
+
+
+def test_unknown_acceptance_kwarg(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"unknown option\(s\) \['beta'\] for 'exact'.*Fix"):
+        generate(no_forward, acceptance="exact", acceptance_kwargs={"beta": 0.1})
+
+
+def test_acceptance_kwargs_not_a_dict(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`acceptance_kwargs` = \[1\].*a dict of options"):
+        generate(no_forward, acceptance="exact", acceptance_kwargs=[1])
+
+
+def test_acceptance_kwargs_without_acceptance(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`acceptance_kwargs`.*only together with `acceptance`"):
+        generate(no_forward, acceptance_kwargs={})
+
+
+def test_acceptance_without_assistant_model(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_model` = None.*acceptance='exact'.*Fix: pass assistant_model"):
+        generate(no_forward, acceptance="exact", assistant_model=None)
+
+
+def test_batch_size_above_one(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"batch size.*= 2.*call generate\(\) once per prompt"):
+        generate(no_forward, acceptance="exact", input_ids=torch.cat([prompt(6), prompt(6, seed=1)]))
+
+
+def test_num_return_sequences(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`num_return_sequences` = 2"):
+        generate(no_forward, acceptance="exact", num_return_sequences=2, do_sample=True)
+
+
+def test_beams(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`num_beams` = 3.*remove num_beams"):
+        generate(no_forward, acceptance="exact", num_beams=3)
+
+
+def test_vocab_mismatch(no_forward):
+    target, _ = no_forward
+    other_vocab = tiny_llama(seed=3, vocab_size=96)
+    with pytest.raises(SemSpecConfigError, match=r"vocab_size\)` = 96.*target's vocab_size 128"):
+        generate((target, other_vocab), acceptance="exact")
+
+
+def test_assistant_model_not_a_model(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_model` = 'str'.*causal LM"):
+        generate(no_forward, acceptance="exact", assistant_model="draft")
+
+
+@pytest.mark.parametrize("value", [0, -1, 1000, 2.5, True])
+def test_num_assistant_tokens_out_of_range(no_forward, value):
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens` = .*an int in \[1, 128\]"):
+        generate(no_forward, acceptance="exact", num_assistant_tokens=value)
+
+
+def test_heuristic_schedule_is_rejected(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens_schedule` = 'heuristic'"):
+        generate(no_forward, acceptance="exact", num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic")
+
+
+def test_empty_prompt(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"prompt length\)` = 0.*non-empty prompt"):
+        generate(no_forward, acceptance="exact", input_ids=torch.zeros(1, 0, dtype=torch.long))
+
+
+@pytest.mark.parametrize("value", [0, -3])
+def test_empty_max_new_tokens(no_forward, value):
+    # transformers itself rejects this before our loop runs; the message names the field.
+    with pytest.raises(ValueError, match=r"max_new_tokens"):
+        generate(no_forward, acceptance="exact", max_new_tokens=value)
+
+
+def test_static_cache(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
+        generate(no_forward, acceptance="exact", cache_implementation="static")
+
+
+def test_output_attentions(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`output_attentions` = True"):
+        generate(no_forward, acceptance="exact", output_attentions=True, return_dict_in_generate=True)
+
+
+def test_custom_generate_conflict(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`custom_generate`.*None together with `acceptance`"):
+        generate(no_forward, acceptance="exact", custom_generate=lambda *a, **k: None)
+
+
+def test_inputs_embeds(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`inputs_embeds`.*input_ids only"):
+        target, draft = no_forward
+        target.generate(inputs_embeds=torch.zeros(1, 4, 64), assistant_model=draft, acceptance="exact")
+
+
+def test_attach_rejects_non_models():
+    with pytest.raises(SemSpecConfigError, match=r"`model` = 'Linear'.*GenerationMixin"):
+        hf_semspec.attach(torch.nn.Linear(2, 2))
+
+
+def test_attach_validates_default_acceptance():
+    with pytest.raises(SemSpecConfigError, match=r"`acceptance` = 'nope'"):
+        hf_semspec.attach(tiny_llama(seed=0), acceptance="nope")
+
+
+def test_draft_in_other_dtype_works(attached):
+    draft = tiny_llama(seed=0).to(torch.float64)
+    ids = prompt(6)
+    out = attached.generate(ids, assistant_model=draft, acceptance="exact", max_new_tokens=10)
+    plain = type(attached).generate(attached, ids, do_sample=False, max_new_tokens=10)
+    assert torch.equal(out, plain)

@@ -1,0 +1,263 @@
+"""End to end on tiny models: the `exact` rule reproduces plain greedy decoding and stock assisted generation, and
+honours what transformers' generate() honours (processors, stopping, EOS, lengths, masks, streamers, outputs)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama
+from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.streamers import BaseStreamer
+
+import hf_semspec
+from hf_semspec import SpeculativeDecoderOnlyOutput
+
+
+def plain_greedy(model, ids, **kwargs):
+    return type(model).generate(model, ids, do_sample=False, **kwargs)
+
+
+@pytest.mark.parametrize("draft_name", ["self", "close", "unrelated"])
+@pytest.mark.parametrize("num_assistant_tokens", [1, 4, 9])
+def test_exact_greedy_matches_plain_and_stock_assisted(attached, close_draft, unrelated_draft, draft_name, num_assistant_tokens):
+    draft = {"self": attached, "close": close_draft, "unrelated": unrelated_draft}[draft_name]
+    for seed in range(3):
+        ids = prompt(6 + seed, seed=seed)
+        plain = plain_greedy(attached, ids, max_new_tokens=40)
+        ours = attached.generate(
+            ids, assistant_model=draft, acceptance="exact", num_assistant_tokens=num_assistant_tokens, max_new_tokens=40
+        )
+        # Stock assisted generation reads γ from the draft's generation config, not from the call.
+        draft.generation_config.num_assistant_tokens = num_assistant_tokens
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        stock = plain_greedy(attached, ids, assistant_model=draft, max_new_tokens=40)
+        assert torch.equal(ours, plain), (draft_name, seed)
+        assert torch.equal(ours, stock), (draft_name, seed)
+
+
+def test_acceptance_extremes_show_in_stats(attached, unrelated_draft):
+    ids = prompt(8)
+    same = attached.generate(
+        ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=4, max_new_tokens=21,
+        min_new_tokens=21, return_dict_in_generate=True,
+    )
+    stats = same.acceptance_stats
+    assert isinstance(same, SpeculativeDecoderOnlyOutput)
+    assert stats.acceptance_rate == 1.0
+    # 21 tokens in rounds of 4 + 1: four full rounds (20) and a last round capped to γ = 0.
+    assert stats.num_target_forwards == 5 and stats.num_new_tokens == 21
+    assert stats.mean_accepted_length == pytest.approx(21 / 5)
+    assert stats.drafted_per_position == [4, 4, 4, 4] and stats.accepted_per_position == [4, 4, 4, 4]
+
+    other = attached.generate(
+        ids, assistant_model=unrelated_draft, acceptance="exact", num_assistant_tokens=4, max_new_tokens=21,
+        min_new_tokens=21, return_dict_in_generate=True,
+    ).acceptance_stats
+    assert other.acceptance_rate < 0.2
+    assert other.num_new_tokens == 21
+    assert other.num_target_forwards >= 21 * 0.8
+    assert other.num_accepted == other.num_new_tokens - other.num_target_forwards
+
+
+def test_sampling_is_reproducible_and_differs_across_seeds(attached, close_draft):
+    ids = prompt(8)
+    outs = []
+    for seed in (0, 0, 1):
+        torch.manual_seed(seed)
+        outs.append(
+            attached.generate(ids, assistant_model=close_draft, acceptance="exact", do_sample=True, max_new_tokens=30)
+        )
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], outs[2])
+    assert outs[0].shape[1] <= ids.shape[1] + 30
+    assert int(outs[0].max()) < VOCAB
+
+
+def test_generation_config_json_roundtrip_gives_same_result(attached, close_draft, tmp_path):
+    ids = prompt(8)
+    cfg = GenerationConfig(max_new_tokens=25, acceptance="exact", acceptance_kwargs={}, num_assistant_tokens=3)
+    cfg.save_pretrained(tmp_path)
+    loaded = GenerationConfig.from_pretrained(tmp_path)
+    assert loaded.acceptance == "exact" and loaded.acceptance_kwargs == {}
+    from_config = attached.generate(ids, assistant_model=close_draft, generation_config=loaded, return_dict_in_generate=True)
+    from_kwargs = attached.generate(
+        ids, assistant_model=close_draft, acceptance="exact", acceptance_kwargs={}, num_assistant_tokens=3,
+        max_new_tokens=25, return_dict_in_generate=True,
+    )
+    assert torch.equal(from_config.sequences, from_kwargs.sequences)
+    assert from_config.acceptance_stats == from_kwargs.acceptance_stats
+    assert from_config.acceptance_stats.drafted_per_position[0] > 0
+    assert len(from_config.acceptance_stats.drafted_per_position) == 3  # γ came from the JSON config
+
+
+def test_saved_model_keeps_acceptance_on_reload(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_llama(seed=5)
+    model.generation_config.acceptance = "exact"  # set by hand: transformers saves it with `_from_model_config`
+    model.generation_config.acceptance_kwargs = {}
+    model.save_pretrained(tmp_path / "by_hand")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "by_hand")
+    assert getattr(reloaded.generation_config, "acceptance", None) is None  # what transformers alone does
+    hf_semspec.attach(reloaded)
+    assert reloaded.generation_config.acceptance == "exact"
+
+    model2 = hf_semspec.attach(tiny_llama(seed=5), acceptance="exact", acceptance_kwargs={})
+    model2.save_pretrained(tmp_path / "via_attach")
+    reloaded2 = AutoModelForCausalLM.from_pretrained(tmp_path / "via_attach")
+    assert reloaded2.generation_config.acceptance == "exact"  # kept even without attach()
+
+
+def test_model_default_acceptance_without_draft_is_plain_decoding(target):
+    model = hf_semspec.attach(tiny_llama(seed=0), acceptance="exact")
+    ids = prompt(8)
+    assert torch.equal(model.generate(ids, max_new_tokens=12), plain_greedy(target, ids, max_new_tokens=12))
+    out = model.generate(ids, assistant_model=target, max_new_tokens=12, return_dict_in_generate=True)
+    assert out.acceptance_stats is not None  # with a draft, the model's default rule applies
+
+
+def test_without_acceptance_generate_is_stock(attached, close_draft):
+    ids = prompt(8)
+    assert torch.equal(attached.generate(ids, max_new_tokens=15), plain_greedy(attached, ids, max_new_tokens=15))
+    out = attached.generate(ids, assistant_model=close_draft, max_new_tokens=15, return_dict_in_generate=True)
+    assert not hasattr(out, "acceptance_stats")  # stock assisted generation's output class
+
+
+def test_attach_is_per_instance(target):
+    other = tiny_llama(seed=0)
+    hf_semspec.attach(other)
+    assert "generate" in vars(other) and "generate" not in vars(target)
+    assert type(other).generate is type(target).generate  # the class is untouched
+    hf_semspec.detach(other)
+    assert "generate" not in vars(other)
+
+
+def test_eos_inside_accepted_drafts_stops_there(attached):
+    ids = prompt(8)
+    plain = plain_greedy(attached, ids, max_new_tokens=30)
+    generated = plain[0, ids.shape[1] :].tolist()
+    stop_token = generated[10]  # make the 11th greedy token the EOS: it lies inside a fully accepted draft block
+    first = generated.index(stop_token)
+    ours = attached.generate(
+        ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=8, max_new_tokens=30,
+        eos_token_id=stop_token, pad_token_id=0, return_dict_in_generate=True,
+    )
+    assert ours.sequences[0, ids.shape[1] :].tolist() == generated[: first + 1]
+    assert torch.equal(ours.sequences, plain_greedy(attached, ids, max_new_tokens=30, eos_token_id=stop_token, pad_token_id=0))
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 5, 7, 13])
+def test_max_length_reached_mid_draft(attached, max_new_tokens):
+    ids = prompt(8)
+    ours = attached.generate(
+        ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=6,
+        max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens,
+    )
+    assert ours.shape[1] == ids.shape[1] + max_new_tokens
+    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens))
+
+
+def test_min_new_tokens_and_repetition_penalty_are_applied(attached, close_draft):
+    ids = prompt(8)
+    kwargs = dict(max_new_tokens=30, min_new_tokens=25, repetition_penalty=1.3, no_repeat_ngram_size=2)
+    plain = plain_greedy(attached, ids, **kwargs)
+    ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", **kwargs)
+    assert torch.equal(ours, plain)
+    unpenalised = plain_greedy(attached, ids, max_new_tokens=30)
+    assert not torch.equal(plain, unpenalised)  # the processors change the output, so the check above has teeth
+
+
+def test_scores_and_logits_match_plain_greedy(attached, close_draft):
+    ids = prompt(8)
+    kwargs = dict(max_new_tokens=12, min_new_tokens=12, return_dict_in_generate=True, output_scores=True, output_logits=True, repetition_penalty=1.2)
+    plain = plain_greedy(attached, ids, **kwargs)
+    ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", **kwargs)
+    assert len(ours.scores) == len(plain.scores) == 12
+    for a, b in zip(ours.scores, plain.scores):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    for a, b in zip(ours.logits, plain.logits):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(ours.scores[0], ours.logits[0])  # scores are processed, logits raw
+
+
+def test_left_padded_prompt_matches_plain(attached, close_draft):
+    ids = prompt(8)
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.cat([torch.zeros(1, 3, dtype=torch.long), torch.ones_like(ids)], dim=1)
+    plain = plain_greedy(attached, padded, attention_mask=mask, max_new_tokens=20)
+    ours = attached.generate(padded, attention_mask=mask, assistant_model=close_draft, acceptance="exact", max_new_tokens=20)
+    assert torch.equal(ours, plain)
+
+
+def test_streamer_receives_prompt_then_every_new_token(attached, close_draft):
+    class Recorder(BaseStreamer):
+        def __init__(self):
+            self.chunks, self.ended = [], False
+
+        def put(self, value):
+            self.chunks.append(value.flatten().tolist())
+
+        def end(self):
+            self.ended = True
+
+    ids = prompt(8)
+    recorder = Recorder()
+    out = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=20, streamer=recorder)
+    assert recorder.ended
+    assert recorder.chunks[0] == ids[0].tolist()
+    assert sum(recorder.chunks[1:], []) == out[0, ids.shape[1] :].tolist()
+    assert len(recorder.chunks) > 2  # several rounds
+
+
+def test_custom_stopping_criteria_are_called(attached, close_draft):
+    class StopAfter(StoppingCriteria):
+        def __init__(self, length):
+            self.length = length
+
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+
+    ids = prompt(8)
+    out = attached.generate(
+        ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=4, max_new_tokens=40,
+        min_new_tokens=40, stopping_criteria=StoppingCriteriaList([StopAfter(ids.shape[1] + 7)]),
+    )
+    # Rounds emit 5 tokens with draft == target: the criterion fires after the round that passes length 15.
+    assert out.shape[1] == ids.shape[1] + 10
+
+
+def test_bf16_draft_with_fp32_target(attached, close_draft):
+    draft = perturbed_copy(attached, scale=0.3, seed=2).to(torch.bfloat16)
+    ids = prompt(8)
+    ours = attached.generate(ids, assistant_model=draft, acceptance="exact", max_new_tokens=25)
+    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=25))
+
+
+def test_sliding_window_model_rolls_back_correctly():
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, use_sliding_window=True, sliding_window=6, max_window_layers=0,
+        max_position_embeddings=256, eos_token_id=EOS, pad_token_id=0,
+    )
+    assert config.layer_types == ["sliding_attention"] * 2
+    model = Qwen2ForCausalLM(config).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    draft = perturbed_copy(model, 0.3, seed=4)
+    hf_semspec.attach(model)
+    ids = prompt(10)
+    ours = model.generate(ids, assistant_model=draft, acceptance="exact", num_assistant_tokens=4, max_new_tokens=30)
+    assert torch.equal(ours, plain_greedy(model, ids, max_new_tokens=30))
+
+
+def test_eos_token_in_stats_counts_only_kept_tokens(attached):
+    ids = prompt(8)
+    plain = plain_greedy(attached, ids, max_new_tokens=30)
+    stop_token = plain[0, ids.shape[1] + 2].item()
+    out = attached.generate(
+        ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=8, max_new_tokens=30,
+        eos_token_id=stop_token, pad_token_id=0, return_dict_in_generate=True,
+    )
+    assert out.acceptance_stats.num_new_tokens == out.sequences.shape[1] - ids.shape[1]
+    assert out.acceptance_stats.num_target_forwards == 1

@@ -1,0 +1,116 @@
+"""The rule registry and the config dataclass machinery shared by all rules."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+import hf_semspec
+from hf_semspec.component_config import Range
+from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.rules import RULES, AcceptanceRule, RuleConfig, register_rule
+
+
+@dataclass
+class _ToyConfig(RuleConfig):
+    component_name = "toy"
+    threshold: float = field(default=0.5, metadata={"help": "a probability", "range": Range(0, 1)})
+    window: int = field(default=3, metadata={"help": "positions", "range": Range(1, 8)})
+    mode: str = field(default="a", metadata={"help": "variant", "choices": ("a", "b")})
+    seed: int | None = field(default=None, metadata={"help": "optional seed"})
+
+
+class _ToyRule(AcceptanceRule):
+    name = "toy_rule"
+    config_class = _ToyConfig
+
+    def accept(self, inputs):
+        return torch.ones_like(inputs.draft_token_ids, dtype=torch.bool)
+
+
+@pytest.fixture
+def toy_registered():
+    register_rule(_ToyRule)
+    yield _ToyRule
+    RULES.unregister("toy_rule")
+
+
+def test_available_rules_lists_registered_names(toy_registered):
+    assert "exact" in hf_semspec.available_rules()
+    assert "toy_rule" in hf_semspec.available_rules()
+    assert hf_semspec.available_rules() == sorted(hf_semspec.available_rules())
+
+
+def test_duplicate_name_is_rejected(toy_registered):
+    class Again(_ToyRule):
+        pass
+
+    with pytest.raises(ValueError, match=r"name 'toy_rule' is already taken by _ToyRule"):
+        register_rule(Again)
+
+
+@pytest.mark.parametrize("bad_name", ["Toy", "toy-rule", "1toy", "", None, "toy rule"])
+def test_malformed_name_is_rejected(bad_name):
+    class Bad(_ToyRule):
+        name = bad_name
+
+    with pytest.raises(ValueError, match=r"must be a lower-case identifier"):
+        register_rule(Bad)
+    assert bad_name not in RULES
+
+
+def test_rule_without_dataclass_config_is_rejected():
+    class NoConfig(_ToyRule):
+        name = "no_config"
+        config_class = dict
+
+    with pytest.raises(ValueError, match=r"`config_class` = .*must be a dataclass subclassing ComponentConfig"):
+        register_rule(NoConfig)
+
+
+def test_non_rule_class_is_rejected():
+    class NotARule:
+        name = "not_a_rule"
+        config_class = _ToyConfig
+
+    with pytest.raises(ValueError, match=r"must subclass AcceptanceRule"):
+        register_rule(NotARule)
+
+
+def test_config_defaults_and_json_roundtrip():
+    config = _ToyConfig.from_kwargs({"threshold": 1, "mode": "b"})
+    assert config.threshold == 1 and config.window == 3 and config.mode == "b"
+    assert _ToyConfig.from_kwargs(json.loads(json.dumps(config.to_dict()))) == config
+
+
+@pytest.mark.parametrize(
+    "kwargs, pattern",
+    [
+        ({"threshold": 1.5}, r"`acceptance_kwargs\['threshold'\]` = 1.5.*values in \[0, 1\].*default is 0.5"),
+        ({"window": 0}, r"`acceptance_kwargs\['window'\]` = 0.*values in \[1, 8\]"),
+        ({"window": 2.0}, r"`acceptance_kwargs\['window'\]` = 2.0.*type int"),
+        ({"window": True}, r"`acceptance_kwargs\['window'\]` = True.*type int"),
+        ({"mode": "c"}, r"`acceptance_kwargs\['mode'\]` = 'c'.*one of \['a', 'b'\]"),
+        ({"threshold": "high"}, r"type float"),
+        ({"seed": 1.5}, r"`acceptance_kwargs\['seed'\]` = 1.5.*int or None"),
+        ({"windw": 3}, r"unknown option\(s\) \['windw'\] for 'toy'.*allowed \['threshold', 'window', 'mode', 'seed'\]"),
+    ],
+)
+def test_config_validation_names_field_value_and_fix(kwargs, pattern):
+    with pytest.raises(SemSpecConfigError, match=pattern):
+        _ToyConfig.from_kwargs(kwargs)
+
+
+def test_range_bounds():
+    half_open = Range(0, 1, high_inclusive=False)
+    assert 0 in half_open and 0.999 in half_open and 1 not in half_open
+    assert str(half_open) == "[0, 1)" and str(Range(low=1)) == "[1, inf]"
+
+
+def test_field_docs_describe_every_option():
+    docs = {row["name"]: row for row in _ToyConfig.field_docs()}
+    assert docs["threshold"]["allowed"] == "[0, 1]" and docs["threshold"]["default"] == 0.5
+    assert docs["mode"]["allowed"] == ["a", "b"] and docs["seed"]["type"] == "int or None"

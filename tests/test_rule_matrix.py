@@ -1,0 +1,206 @@
+"""One suite for every registered acceptance rule: a rule that registers itself is tested here automatically.
+
+Model-free properties on hand-built logits (verification is a pure function), then each rule end to end on tiny
+models in greedy and sampling mode (or a clear error where the rule does not define that mode).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+
+import pytest
+import torch
+from conftest import prompt
+
+import hf_semspec
+from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.rules import RULES, VerificationInput
+
+RULE_NAMES = hf_semspec.available_rules()
+MODES = [False, True]  # do_sample
+VOCAB, HIDDEN = 11, 8
+
+
+def rule_and_mode():
+    return [pytest.param(name, do_sample, id=f"{name}-{'sample' if do_sample else 'greedy'}") for name in RULE_NAMES for do_sample in MODES]
+
+
+def make_rule(name):
+    return RULES.build(name, {})
+
+
+def skip_unsupported(rule, do_sample):
+    if not (rule.supports_sampling if do_sample else rule.supports_greedy):
+        pytest.skip(f"{rule.name} does not define do_sample={do_sample} (checked in test_unsupported_mode_errors)")
+
+
+def make_inputs(target_logits, draft_ids, do_sample, seed=0, draft_probs=None):
+    """Builds a VerificationInput with everything any rule may ask for (draft probs, hidden states, LM head)."""
+    batch, gamma = draft_ids.shape
+    g = torch.Generator().manual_seed(seed)
+    if draft_probs is None:
+        draft_probs = torch.softmax(torch.randn(batch, gamma, VOCAB, generator=g), -1)
+        # keep q(x̂) > 0 as for a token actually drawn from q
+        draft_probs = draft_probs.scatter(-1, draft_ids[..., None], 0.5)
+        draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)
+    # Hidden states and a head that reproduce `target_logits` exactly: h = logits (padded), W = identity.
+    weight = torch.zeros(VOCAB, VOCAB)
+    weight.fill_diagonal_(1.0)
+    return VerificationInput(
+        draft_token_ids=draft_ids,
+        target_logits=target_logits,
+        draft_probs=draft_probs,
+        target_hidden_states=target_logits.clone(),
+        lm_head_weight=weight,
+        lm_head_bias=None,
+        do_sample=do_sample,
+        generator=torch.Generator().manual_seed(seed + 1),
+    )
+
+
+def one_hot_logits(tokens, margin=60.0):
+    """Target logits that put all mass on `tokens` (shape `(batch, γ + 1)`)."""
+    logits = torch.zeros(*tokens.shape, VOCAB)
+    return logits.scatter(-1, tokens[..., None], margin)
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_draft_equal_to_confident_target_is_fully_accepted(name, do_sample):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    target_tokens = torch.tensor([[4, 7, 1, 9, 2], [0, 0, 3, 10, 5]])
+    inputs = make_inputs(one_hot_logits(target_tokens), target_tokens[:, :-1], do_sample)
+    result = rule.verify(inputs)
+    assert result.num_accepted.tolist() == [4, 4]
+    assert result.next_token.tolist() == [2, 5]  # the bonus token
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+@pytest.mark.parametrize("mismatch_at", [0, 2, 3])
+def test_one_hot_target_rejects_a_mismatch_and_emits_its_token(name, do_sample, mismatch_at):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    target_tokens = torch.tensor([[4, 7, 1, 9, 2]])
+    draft = target_tokens[:, :-1].clone()
+    draft[0, mismatch_at] = 6
+    result = rule.verify(make_inputs(one_hot_logits(target_tokens), draft, do_sample))
+    assert result.num_accepted.tolist() == [mismatch_at]
+    assert result.next_token.tolist() == [target_tokens[0, mismatch_at].item()]
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_lossless_rules_accept_everything_when_q_equals_p(name, do_sample):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    if not rule.lossless or not do_sample:
+        pytest.skip("p == q guarantees acceptance only for lossless rules in sampling mode")
+    logits = torch.zeros(3, 6, VOCAB)  # uniform target
+    draft_ids = torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(0))
+    inputs = make_inputs(logits, draft_ids, True, draft_probs=torch.full((3, 5, VOCAB), 1.0 / VOCAB))
+    assert rule.verify(inputs).num_accepted.tolist() == [5, 5, 5]
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_invariants_on_random_logits(name, do_sample):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    g = torch.Generator().manual_seed(0)
+    for gamma in (1, 3, 8):
+        logits = torch.randn(16, gamma + 1, VOCAB, generator=g) * 3
+        draft_ids = torch.randint(0, VOCAB, (16, gamma), generator=g)
+        inputs = make_inputs(logits, draft_ids, do_sample, seed=gamma)
+        before = {k: v.clone() for k, v in dataclasses.asdict(inputs).items() if isinstance(v, torch.Tensor)}
+        result = rule.verify(inputs)
+        assert result.num_accepted.shape == (16,) and result.next_token.shape == (16,)
+        assert ((result.num_accepted >= 0) & (result.num_accepted <= gamma)).all()
+        assert ((result.next_token >= 0) & (result.next_token < VOCAB)).all()
+        assert result.accepted.shape == (16, gamma)
+        # n is the length of the all-accepted prefix of the rule's verdicts
+        prefix = result.accepted.long().cumprod(-1).sum(-1)
+        assert torch.equal(prefix, result.num_accepted)
+        for key, value in before.items():  # logits and every other input untouched
+            assert torch.equal(getattr(inputs, key), value), key
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_same_seed_same_result(name, do_sample):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(32, 5, VOCAB, generator=g)
+    draft_ids = torch.randint(0, VOCAB, (32, 4), generator=g)
+    first = rule.verify(make_inputs(logits, draft_ids, do_sample, seed=7))
+    second = rule.verify(make_inputs(logits, draft_ids, do_sample, seed=7))
+    assert torch.equal(first.num_accepted, second.num_accepted) and torch.equal(first.next_token, second.next_token)
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_zero_draft_tokens_emits_the_target_token(name, do_sample):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    logits = one_hot_logits(torch.tensor([[8], [2]]))
+    result = rule.verify(make_inputs(logits, torch.zeros(2, 0, dtype=torch.long), do_sample))
+    assert result.num_accepted.tolist() == [0, 0] and result.next_token.tolist() == [8, 2]
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_counters_record_each_verification(name, do_sample):
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    target_tokens = torch.tensor([[4, 7, 1, 9, 2]])
+    draft = target_tokens[:, :-1].clone()
+    draft[0, 2] = 6
+    rule.verify(make_inputs(one_hot_logits(target_tokens), draft, do_sample))
+    rule.verify(make_inputs(one_hot_logits(target_tokens), target_tokens[:, :-1], do_sample))
+    stats = rule.counters.to_stats(num_target_forwards=2, num_new_tokens=8)
+    assert stats.num_drafted == 8 and stats.num_accepted == 2 + 4
+    assert stats.accepted_per_position == [2, 2, 1, 1] and stats.drafted_per_position == [2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_rule_class_is_documented_and_config_roundtrips(name):
+    cls = RULES.get(name)
+    assert cls.paper.startswith("https://"), "each rule links its paper"
+    module_doc = __import__(cls.__module__, fromlist=["_"]).__doc__
+    assert module_doc and "Worked example" in module_doc, "each rule's docstring carries a worked example"
+    config = cls.config_class()
+    assert cls.config_class.from_kwargs(json.loads(json.dumps(config.to_dict()))) == config
+    for row in cls.config_class.field_docs():
+        assert row["help"], f"{name}.{row['name']} needs a help string"
+    assert 1 <= cls.default_num_draft_tokens <= 128
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_unknown_option_is_rejected_for_every_rule(name):
+    with pytest.raises(SemSpecConfigError, match=rf"unknown option\(s\) \['no_such_option'\] for '{name}'"):
+        RULES.build(name, {"no_such_option": 1})
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_end_to_end_on_tiny_models(attached, close_draft, name, do_sample):
+    rule_class = RULES.get(name)
+    ids = prompt(8)
+    kwargs = dict(assistant_model=close_draft, acceptance=name, max_new_tokens=16, do_sample=do_sample, return_dict_in_generate=True)
+    supported = rule_class.supports_sampling if do_sample else rule_class.supports_greedy
+    if not supported:
+        with pytest.raises(SemSpecConfigError, match=rf"`do_sample` = {do_sample}.*acceptance='{name}'"):
+            attached.generate(ids, **kwargs)
+        return
+    torch.manual_seed(0)
+    out = attached.generate(ids, **kwargs)
+    new = out.sequences.shape[1] - ids.shape[1]
+    assert 1 <= new <= 16
+    stats = out.acceptance_stats
+    assert stats.num_new_tokens == new
+    assert stats.num_target_forwards >= 1 and stats.num_accepted <= stats.num_drafted
+    torch.manual_seed(0)
+    assert torch.equal(attached.generate(ids, **kwargs).sequences, out.sequences)
+
+
+@pytest.mark.parametrize("name", RULE_NAMES)
+def test_rule_instances_do_not_share_counters(name):
+    a, b = make_rule(name), make_rule(name)
+    assert a.counters is not b.counters
+    assert copy.deepcopy(a.config) == a.config

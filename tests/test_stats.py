@@ -1,0 +1,43 @@
+"""AcceptanceStats arithmetic: derived rates and merging across calls."""
+
+import pytest
+import torch
+
+from hf_semspec.stats import AcceptanceCounters, AcceptanceStats
+
+
+def test_derived_rates_on_worked_counts():
+    stats = AcceptanceStats(
+        num_target_forwards=4, num_drafted=12, num_accepted=6, num_new_tokens=10,
+        drafted_per_position=[4, 4, 4], accepted_per_position=[3, 2, 1],
+    )
+    assert stats.mean_accepted_length == 2.5  # 10 tokens / 4 forwards
+    assert stats.mean_accepted_drafts == 1.5
+    assert stats.acceptance_rate == 0.5
+    assert stats.per_position_acceptance == [0.75, 0.5, 0.25]
+    assert stats.to_dict()["mean_accepted_length"] == 2.5
+
+
+def test_merge_pads_positions():
+    a = AcceptanceStats(2, 6, 3, 5, [2, 2, 2], [2, 1, 0])
+    b = AcceptanceStats(1, 5, 5, 6, [1, 1, 1, 1, 1], [1, 1, 1, 1, 1])
+    merged = a + b
+    assert merged.num_target_forwards == 3 and merged.num_new_tokens == 11
+    assert merged.drafted_per_position == [3, 3, 3, 1, 1]
+    assert merged.accepted_per_position == [3, 2, 1, 1, 1]
+
+
+def test_empty_stats_have_zero_rates():
+    assert AcceptanceStats().mean_accepted_length == 0.0 and AcceptanceStats().acceptance_rate == 0.0
+
+
+def test_counters_grow_with_varying_draft_length():
+    counters = AcceptanceCounters()
+    counters.record(2, torch.tensor([1]))
+    counters.record(4, torch.tensor([4]))
+    counters.record(0, torch.tensor([0]))
+    stats = counters.to_stats(num_target_forwards=3, num_new_tokens=8)
+    assert stats.drafted_per_position == [2, 2, 1, 1]
+    assert stats.accepted_per_position == [2, 1, 1, 1]
+    assert stats.num_drafted == 6 and stats.num_accepted == 5
+    assert stats.per_position_acceptance == pytest.approx([1.0, 0.5, 1.0, 1.0])

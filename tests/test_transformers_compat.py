@@ -1,0 +1,42 @@
+"""Pins the private transformers behaviour hf_semspec relies on (all of it is named in hf_semspec/_transformers_compat.py).
+
+If one of these fails after a transformers upgrade, update `_transformers_compat.py` and the range in setup.cfg.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import transformers
+from conftest import tiny_llama
+from packaging.version import Version
+from transformers import GenerationConfig, GenerationMixin
+from transformers.cache_utils import DynamicCache
+
+from hf_semspec import _transformers_compat as compat
+
+
+def test_version_is_in_the_declared_range():
+    assert Version("5.23") <= Version(transformers.__version__) < Version("5.24")
+
+
+def test_from_model_config_flag_drops_custom_keys_and_clearing_it_keeps_them(tmp_path):
+    model = tiny_llama(seed=0)
+    assert compat.is_derived_from_model_config(model.generation_config)
+    model.generation_config.acceptance = "exact"
+    model.generation_config.save_pretrained(tmp_path / "flagged")
+    saved = json.loads((tmp_path / "flagged" / "generation_config.json").read_text())
+    assert saved[compat.FROM_MODEL_CONFIG_FLAG] is True
+    loaded = GenerationConfig.from_pretrained(tmp_path / "flagged")
+    assert getattr(loaded, "acceptance", None) is None  # the behaviour we work around
+
+    compat.mark_as_user_config(model.generation_config)
+    model.generation_config.save_pretrained(tmp_path / "cleared")
+    assert GenerationConfig.from_pretrained(tmp_path / "cleared").acceptance == "exact"
+
+
+def test_public_api_we_build_on_exists():
+    assert "custom_generate" in inspect.signature(GenerationMixin.generate).parameters
+    cache = DynamicCache()
+    assert hasattr(cache, "activate_past_recording") and hasattr(cache, "crop")

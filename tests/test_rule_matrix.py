@@ -20,7 +20,10 @@ from hf_semspec.rules import RULES, VerificationInput
 
 RULE_NAMES = hf_semspec.available_rules()
 MODES = [False, True]  # do_sample
-VOCAB, HIDDEN = 11, 8
+VOCAB, HIDDEN = 11, 64
+# A fixed LM head: target logits are always `hidden @ HEAD.T`, so rules that re-run the head (DropMatch) see the same
+# model as rules that read the logits. Rows are near-orthogonal unit vectors in 64 dimensions.
+HEAD = torch.nn.functional.normalize(torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(0)), dim=-1)
 
 
 def rule_and_mode():
@@ -33,11 +36,11 @@ def make_rule(name):
 
 def skip_unsupported(rule, do_sample):
     if not (rule.supports_sampling if do_sample else rule.supports_greedy):
-        pytest.skip(f"{rule.name} does not define do_sample={do_sample} (checked in test_unsupported_mode_errors)")
+        pytest.skip(f"{rule.name} does not define do_sample={do_sample} (checked in test_end_to_end_on_tiny_models)")
 
 
-def make_inputs(target_logits, draft_ids, do_sample, seed=0, draft_probs=None):
-    """Builds a VerificationInput with everything any rule may ask for (draft probs, hidden states, LM head)."""
+def make_inputs(hidden, draft_ids, do_sample, seed=0, draft_probs=None):
+    """A VerificationInput with everything any rule may ask for; target logits = `hidden @ HEAD.T`."""
     batch, gamma = draft_ids.shape
     g = torch.Generator().manual_seed(seed)
     if draft_probs is None:
@@ -45,25 +48,26 @@ def make_inputs(target_logits, draft_ids, do_sample, seed=0, draft_probs=None):
         # keep q(x̂) > 0 as for a token actually drawn from q
         draft_probs = draft_probs.scatter(-1, draft_ids[..., None], 0.5)
         draft_probs = draft_probs / draft_probs.sum(-1, keepdim=True)
-    # Hidden states and a head that reproduce `target_logits` exactly: h = logits (padded), W = identity.
-    weight = torch.zeros(VOCAB, VOCAB)
-    weight.fill_diagonal_(1.0)
     return VerificationInput(
         draft_token_ids=draft_ids,
-        target_logits=target_logits,
+        target_logits=hidden @ HEAD.T,
         draft_probs=draft_probs,
-        target_hidden_states=target_logits.clone(),
-        lm_head_weight=weight,
+        target_hidden_states=hidden,
+        lm_head_weight=HEAD,
         lm_head_bias=None,
         do_sample=do_sample,
         generator=torch.Generator().manual_seed(seed + 1),
     )
 
 
-def one_hot_logits(tokens, margin=60.0):
-    """Target logits that put all mass on `tokens` (shape `(batch, γ + 1)`)."""
-    logits = torch.zeros(*tokens.shape, VOCAB)
-    return logits.scatter(-1, tokens[..., None], margin)
+def one_hot_hidden(tokens, margin=60.0):
+    """Hidden states whose logits put (numerically) all mass on `tokens` (shape `(batch, γ + 1)`): h = margin·w_t,
+    so the token's logit is `margin` and every other logit is `margin·⟨w_t, w_j⟩`, far below it."""
+    return HEAD[tokens] * margin
+
+
+def random_hidden(*shape, generator, scale=3.0):
+    return torch.randn(*shape, HIDDEN, generator=generator) * scale
 
 
 @pytest.mark.parametrize("name,do_sample", rule_and_mode())
@@ -71,7 +75,7 @@ def test_draft_equal_to_confident_target_is_fully_accepted(name, do_sample):
     rule = make_rule(name)
     skip_unsupported(rule, do_sample)
     target_tokens = torch.tensor([[4, 7, 1, 9, 2], [0, 0, 3, 10, 5]])
-    inputs = make_inputs(one_hot_logits(target_tokens), target_tokens[:, :-1], do_sample)
+    inputs = make_inputs(one_hot_hidden(target_tokens), target_tokens[:, :-1], do_sample)
     result = rule.verify(inputs)
     assert result.num_accepted.tolist() == [4, 4]
     assert result.next_token.tolist() == [2, 5]  # the bonus token
@@ -85,7 +89,7 @@ def test_one_hot_target_rejects_a_mismatch_and_emits_its_token(name, do_sample, 
     target_tokens = torch.tensor([[4, 7, 1, 9, 2]])
     draft = target_tokens[:, :-1].clone()
     draft[0, mismatch_at] = 6
-    result = rule.verify(make_inputs(one_hot_logits(target_tokens), draft, do_sample))
+    result = rule.verify(make_inputs(one_hot_hidden(target_tokens), draft, do_sample))
     assert result.num_accepted.tolist() == [mismatch_at]
     assert result.next_token.tolist() == [target_tokens[0, mismatch_at].item()]
 
@@ -96,9 +100,9 @@ def test_lossless_rules_accept_everything_when_q_equals_p(name, do_sample):
     skip_unsupported(rule, do_sample)
     if not rule.lossless or not do_sample:
         pytest.skip("p == q guarantees acceptance only for lossless rules in sampling mode")
-    logits = torch.zeros(3, 6, VOCAB)  # uniform target
+    hidden = torch.zeros(3, 6, HIDDEN)  # uniform target
     draft_ids = torch.randint(0, VOCAB, (3, 5), generator=torch.Generator().manual_seed(0))
-    inputs = make_inputs(logits, draft_ids, True, draft_probs=torch.full((3, 5, VOCAB), 1.0 / VOCAB))
+    inputs = make_inputs(hidden, draft_ids, True, draft_probs=torch.full((3, 5, VOCAB), 1.0 / VOCAB))
     assert rule.verify(inputs).num_accepted.tolist() == [5, 5, 5]
 
 
@@ -108,9 +112,9 @@ def test_invariants_on_random_logits(name, do_sample):
     skip_unsupported(rule, do_sample)
     g = torch.Generator().manual_seed(0)
     for gamma in (1, 3, 8):
-        logits = torch.randn(16, gamma + 1, VOCAB, generator=g) * 3
+        hidden = random_hidden(16, gamma + 1, generator=g)
         draft_ids = torch.randint(0, VOCAB, (16, gamma), generator=g)
-        inputs = make_inputs(logits, draft_ids, do_sample, seed=gamma)
+        inputs = make_inputs(hidden, draft_ids, do_sample, seed=gamma)
         before = {k: v.clone() for k, v in dataclasses.asdict(inputs).items() if isinstance(v, torch.Tensor)}
         result = rule.verify(inputs)
         assert result.num_accepted.shape == (16,) and result.next_token.shape == (16,)
@@ -129,10 +133,10 @@ def test_same_seed_same_result(name, do_sample):
     rule = make_rule(name)
     skip_unsupported(rule, do_sample)
     g = torch.Generator().manual_seed(3)
-    logits = torch.randn(32, 5, VOCAB, generator=g)
+    hidden = random_hidden(32, 5, generator=g)
     draft_ids = torch.randint(0, VOCAB, (32, 4), generator=g)
-    first = rule.verify(make_inputs(logits, draft_ids, do_sample, seed=7))
-    second = rule.verify(make_inputs(logits, draft_ids, do_sample, seed=7))
+    first = rule.verify(make_inputs(hidden, draft_ids, do_sample, seed=7))
+    second = rule.verify(make_inputs(hidden, draft_ids, do_sample, seed=7))
     assert torch.equal(first.num_accepted, second.num_accepted) and torch.equal(first.next_token, second.next_token)
 
 
@@ -140,8 +144,8 @@ def test_same_seed_same_result(name, do_sample):
 def test_zero_draft_tokens_emits_the_target_token(name, do_sample):
     rule = make_rule(name)
     skip_unsupported(rule, do_sample)
-    logits = one_hot_logits(torch.tensor([[8], [2]]))
-    result = rule.verify(make_inputs(logits, torch.zeros(2, 0, dtype=torch.long), do_sample))
+    hidden = one_hot_hidden(torch.tensor([[8], [2]]))
+    result = rule.verify(make_inputs(hidden, torch.zeros(2, 0, dtype=torch.long), do_sample))
     assert result.num_accepted.tolist() == [0, 0] and result.next_token.tolist() == [8, 2]
 
 
@@ -152,8 +156,8 @@ def test_counters_record_each_verification(name, do_sample):
     target_tokens = torch.tensor([[4, 7, 1, 9, 2]])
     draft = target_tokens[:, :-1].clone()
     draft[0, 2] = 6
-    rule.verify(make_inputs(one_hot_logits(target_tokens), draft, do_sample))
-    rule.verify(make_inputs(one_hot_logits(target_tokens), target_tokens[:, :-1], do_sample))
+    rule.verify(make_inputs(one_hot_hidden(target_tokens), draft, do_sample))
+    rule.verify(make_inputs(one_hot_hidden(target_tokens), target_tokens[:, :-1], do_sample))
     stats = rule.counters.to_stats(num_target_forwards=2, num_new_tokens=8)
     assert stats.num_drafted == 8 and stats.num_accepted == 2 + 4
     assert stats.accepted_per_position == [2, 2, 1, 1] and stats.drafted_per_position == [2, 2, 2, 2]

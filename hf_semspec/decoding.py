@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
@@ -115,6 +116,33 @@ def _unmanaged_forward_kwargs(model_kwargs: dict) -> dict:
     return extra
 
 
+@record_function("hf_semspec.target_forward")
+def _target_forward(
+    model, cache, candidates, attention_mask, num_logits, supports_logits_to_keep, capture_hidden, **forward_kwargs
+) -> tuple[torch.FloatTensor, torch.FloatTensor | None]:
+    """Target logits `(batch, num_logits, vocab)` on the candidates' device, and the LM-head input at the same
+    positions when `capture_hidden`."""
+    with capture_lm_head_input(model) if capture_hidden else nullcontext([]) as captured:
+        logits = forward_new_tokens(
+            model, cache, candidates, attention_mask, num_logits, supports_logits_to_keep, **forward_kwargs
+        ).to(candidates.device)
+    hidden = captured[0][:, -num_logits:].to(candidates.device) if capture_hidden else None
+    return logits, hidden
+
+
+@record_function("hf_semspec.logits_processors")
+def _process_positions(
+    logits_processor: LogitsProcessorList, candidates: torch.LongTensor, logits: torch.FloatTensor, length: int
+) -> torch.FloatTensor:
+    """Applies the processors to each verified position `i` with the prefix `candidates[:, :length + i]`."""
+    if len(logits_processor) == 0:
+        return logits
+    processed = logits.clone()  # the raw logits stay available for `output_logits`
+    for i in range(logits.shape[1]):
+        processed[:, i] = logits_processor(candidates[:, : length + i], processed[:, i])
+    return processed
+
+
 def speculative_decode(
     model: torch.nn.Module,
     input_ids: torch.LongTensor,
@@ -177,25 +205,14 @@ def speculative_decode(
         candidates = draft.sequence
 
         # 2. One target forward over the unseen tokens and the drafts: logits for the γ + 1 positions.
-        with capture_lm_head_input(model) if lm_head is not None else nullcontext([]) as captured:
-            target_logits = forward_new_tokens(
-                model,
-                target_cache,
-                candidates,
-                attention_mask,
-                gamma + 1,
-                target_supports_logits_to_keep,
-                **forward_kwargs,
-            ).to(input_ids.device)
+        target_logits, hidden = _target_forward(
+            model, target_cache, candidates, attention_mask, gamma + 1, target_supports_logits_to_keep,
+            capture_hidden=lm_head is not None, **forward_kwargs,
+        )
         num_target_forwards += 1
-        hidden = captured[0][:, -(gamma + 1) :] if lm_head is not None else None
 
         # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
-        processed = target_logits
-        if len(logits_processor) > 0:
-            processed = target_logits.clone()
-            for i in range(gamma + 1):
-                processed[:, i] = logits_processor(candidates[:, : length + i], processed[:, i])
+        processed = _process_positions(logits_processor, candidates, target_logits, length)
 
         # 4. Verify.
         result = rule.verify(

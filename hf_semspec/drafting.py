@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from torch.profiler import record_function
 from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache
 
@@ -59,6 +60,7 @@ class ModelDrafter:
         self.cache.activate_past_recording()
         self._supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
 
+    @record_function("hf_semspec.draft")
     def draft(
         self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor | None, num_tokens: int
     ) -> DraftBlock:

@@ -19,6 +19,7 @@ from functools import cached_property
 from typing import ClassVar
 
 import torch
+from torch.profiler import record_function
 
 from ..component_config import ComponentConfig
 from ..errors import invalid_value
@@ -183,6 +184,7 @@ class AcceptanceRule(ABC):
             return sample_categorical(gather_rows(inputs.target_probs, position), inputs.generator)
         return gather_rows(inputs.target_greedy_ids, position)
 
+    @record_function("hf_semspec.verify")
     def verify(self, inputs: VerificationInput) -> VerificationResult:
         """Runs the rule on one round: first-rejection cut, rejection/bonus token, counters. No host sync."""
         gamma = inputs.num_draft_tokens

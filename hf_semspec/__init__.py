@@ -6,6 +6,7 @@
 """
 
 from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode
+from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy
 from .errors import SemSpecConfigError
 from .generation import attach, detach, generate, restore_saved_generation_fields, set_default_acceptance
 from .rules import AcceptanceRule, RuleConfig, VerificationInput, VerificationResult, available_rules, register_rule
@@ -16,15 +17,18 @@ __version__ = "0.1.0"
 __all__ = [
     "AcceptanceRule",
     "AcceptanceStats",
+    "DraftLengthPolicy",
     "RuleConfig",
     "SemSpecConfigError",
     "SpeculativeDecoderOnlyOutput",
     "VerificationInput",
     "VerificationResult",
     "attach",
+    "available_draft_length_policies",
     "available_rules",
     "detach",
     "generate",
+    "register_policy",
     "register_rule",
     "restore_saved_generation_fields",
     "set_default_acceptance",

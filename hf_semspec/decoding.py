@@ -4,17 +4,19 @@
 what every decoding method shares — merged the generation config, built the logits processors and stopping
 criteria, set `max_length`, created the target's cache and streamed the prompt — and this module only runs rounds:
 
-    1. draft γ tokens with the draft model and its own KV cache;
+    1. draft γ tokens with the draft model and its own KV cache (γ from the draft-length policy);
     2. run the target once over the tokens it has not seen plus the γ drafts (γ + 1 logits);
     3. apply the logits processors position by position;
     4. verify with the acceptance rule (a pure function of logits and ids);
-    5. one host sync: the accepted count and the emitted tokens, cut at EOS and at `max_length`;
+    5. one host sync: the accepted count and the emitted tokens, cut at EOS and at `max_length`; the
+       draft-length policy learns from the round;
     6. append, stream, roll both caches back to the accepted prefix;
     7. record outputs and decide whether to stop.
 """
 
 from __future__ import annotations
 
+import time
 from contextlib import nullcontext
 from dataclasses import dataclass
 
@@ -24,6 +26,7 @@ from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteria
 from transformers.generation import EosTokenCriteria, MaxLengthCriteria
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
+from .draft_length import DraftLengthPolicy, RoundOutcome
 from .drafting import ModelDrafter
 from .errors import invalid_value
 from .model_calls import accepts_forward_argument, capture_lm_head_input, forward_new_tokens
@@ -152,7 +155,7 @@ def speculative_decode(
     *,
     assistant_model: torch.nn.Module,
     rule: AcceptanceRule,
-    num_draft_tokens: int,
+    draft_length: DraftLengthPolicy,
     streamer=None,
     **model_kwargs,
 ) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
@@ -163,7 +166,7 @@ def speculative_decode(
         logits_processor / stopping_criteria / generation_config: as prepared by `GenerationMixin.generate`.
         assistant_model (`PreTrainedModel`): the draft model.
         rule (`AcceptanceRule`): decides which drafts are kept (`acceptance=`).
-        num_draft_tokens (`int`): γ, drafts per round (capped near `max_length`).
+        draft_length (`DraftLengthPolicy`): decides how many tokens to draft each round (`draft_length=`).
         streamer (`BaseStreamer`, *optional*): receives each round's new tokens.
         model_kwargs: the target's cache (`past_key_values`), `attention_mask`, and non-tensor forward options.
 
@@ -198,11 +201,14 @@ def speculative_decode(
     finished = False
     while not finished:
         length = input_ids.shape[1]
+        round_start = time.perf_counter()
 
-        # 1. Draft γ tokens; a round emits at most γ + 1 tokens, so γ is capped to stay within max_length.
-        gamma = max(0, min(num_draft_tokens, max_length - length - 1))
-        draft = drafter.draft(input_ids, attention_mask, gamma)
+        # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens and must
+        #    stay within max_length; a per-token policy may stop earlier.
+        budget = max(0, min(draft_length.max_tokens(), max_length - length - 1))
+        draft = drafter.draft(input_ids, attention_mask, budget, draft_length)
         candidates = draft.sequence
+        gamma = candidates.shape[1] - length
 
         # 2. One target forward over the unseen tokens and the drafts: logits for the γ + 1 positions.
         target_logits, hidden = _target_forward(
@@ -237,6 +243,7 @@ def speculative_decode(
             keep = eos_at + 1
         new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
         new_tokens = new_tokens[:, :keep]
+        draft_length.observe(RoundOutcome(gamma, num_accepted, time.perf_counter() - round_start))
 
         # 6. Append, stream, and roll both caches back to the accepted prefix (the next token is not cached yet).
         input_ids = torch.cat([input_ids, new_tokens], dim=1)

@@ -9,6 +9,7 @@ from torch.profiler import record_function
 from transformers import LogitsProcessorList
 from transformers.cache_utils import DynamicCache
 
+from .draft_length import DraftLengthPolicy
 from .model_calls import accepts_forward_argument, forward_new_tokens
 from .rules.base import sample_categorical
 
@@ -62,25 +63,41 @@ class ModelDrafter:
 
     @record_function("hf_semspec.draft")
     def draft(
-        self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor | None, num_tokens: int
+        self,
+        input_ids: torch.LongTensor,
+        attention_mask: torch.LongTensor | None,
+        max_tokens: int,
+        policy: DraftLengthPolicy | None = None,
     ) -> DraftBlock:
-        """Drafts `num_tokens` tokens after `input_ids` (shape `(batch, length)`); no host sync."""
+        """Drafts up to `max_tokens` tokens after `input_ids` (shape `(batch, length)`).
+
+        A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token;
+        without one, drafting runs without host syncs.
+        """
         length = input_ids.shape[1]
-        sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], num_tokens)], dim=1)
+        sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], max_tokens)], dim=1)
+        asks_policy = policy is not None and policy.decides_per_token
+        keep_probs = self.do_sample or self.return_probs or (asks_policy and policy.reads_draft_probs)
         probs = []
-        for i in range(num_tokens):
-            prefix = sequence[:, : length + i]
+        num_drafted = 0
+        while num_drafted < max_tokens:
+            prefix = sequence[:, : length + num_drafted]
             logits = forward_new_tokens(
                 self.model, self.cache, prefix, attention_mask, 1, self._supports_logits_to_keep
             )[:, -1].to(self.output_device)
             if len(self.logits_processor) > 0:
                 logits = self.logits_processor(prefix, logits)
-            q = logits.softmax(-1) if (self.do_sample or self.return_probs) else None
+            q = logits.softmax(-1) if keep_probs else None
             token = sample_categorical(q, self.generator) if self.do_sample else logits.argmax(-1)
-            sequence[:, length + i] = token
-            if self.return_probs:
-                probs.append(q)
-        return DraftBlock(sequence=sequence, probs=torch.stack(probs, dim=1) if probs else None)
+            sequence[:, length + num_drafted] = token
+            probs.append(q)
+            num_drafted += 1
+            if asks_policy and num_drafted < max_tokens and not policy.keep_drafting(num_drafted, q):
+                break
+        return DraftBlock(
+            sequence=sequence[:, : length + num_drafted],
+            probs=torch.stack(probs, dim=1) if (self.return_probs and probs) else None,
+        )
 
     def rollback(self, num_valid_tokens: int) -> None:
         """Forgets cached positions past the first `num_valid_tokens` tokens (the rejected drafts)."""

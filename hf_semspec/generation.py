@@ -15,6 +15,7 @@ from transformers import GenerationConfig
 
 from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
 from .decoding import speculative_decode
+from .draft_length import POLICIES, DraftLengthPolicy
 from .errors import invalid_value
 from .rules import RULES
 
@@ -22,7 +23,8 @@ logger = logging.getLogger(__name__)
 
 # Our fields inside `GenerationConfig` (and its JSON), as (component name, its options).
 ACCEPTANCE_FIELDS = ("acceptance", "acceptance_kwargs")
-SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS
+DRAFT_LENGTH_FIELDS = ("draft_length", "draft_length_kwargs")
+SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS + DRAFT_LENGTH_FIELDS
 MAX_DRAFT_TOKENS = 128
 
 
@@ -58,37 +60,79 @@ def _first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
 
-def _resolve_num_draft_tokens(
-    kwargs: dict, generation_config: GenerationConfig | None, model: torch.nn.Module, default: int
-) -> int:
-    """γ: `num_assistant_tokens` from the call, else from the passed or the model's generation config, else the
-    rule's default. (Stock transformers reads it from the *draft's* generation config and ignores the call's.)"""
+def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationConfig | None, model) -> int | None:
+    """`num_assistant_tokens` from the call, else the passed or the model's generation config. (Stock
+    transformers reads it from the *draft's* generation config and ignores the call's; we honour the call.)"""
     value = _first_set(
         kwargs.get("num_assistant_tokens"),
         getattr(generation_config, "num_assistant_tokens", None),
         model.generation_config.num_assistant_tokens,
     )
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS):
         raise invalid_value(
             "num_assistant_tokens",
             value,
             f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)",
-            f"pass e.g. num_assistant_tokens={default}, or leave it unset for the rule's default",
+            "pass e.g. num_assistant_tokens=5, or leave it unset for the defaults",
         )
-    schedule = _first_set(
-        kwargs.get("num_assistant_tokens_schedule"),
-        getattr(generation_config, "num_assistant_tokens_schedule", None),
+    return value
+
+
+# transformers' `num_assistant_tokens_schedule` values and the policy each one means.
+_SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heuristic_transient": "heuristic"}
+
+
+def _build_draft_length_policy(
+    call_name: Any,
+    call_kwargs: Any,
+    kwargs: dict,
+    generation_config: GenerationConfig | None,
+    model: torch.nn.Module,
+    default_num_tokens: int,
+) -> DraftLengthPolicy:
+    """The draft-length policy of this call: `draft_length` (a name, or a policy instance that keeps its state
+    across calls), else transformers' `num_assistant_tokens_schedule`, else `constant`. `num_assistant_tokens`
+    sets the policy's length field (its fixed, initial or maximum length)."""
+    if isinstance(call_name, DraftLengthPolicy):
+        if call_kwargs is not None:
+            raise invalid_value(
+                "draft_length_kwargs", call_kwargs, "None when draft_length is a policy instance", "configure the instance"
+            )
+        return call_name
+    name, options, _ = _resolve_component(
+        call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config
     )
-    if schedule not in (None, "constant"):
+    schedule = _first_set(
+        kwargs.get("num_assistant_tokens_schedule"), getattr(generation_config, "num_assistant_tokens_schedule", None)
+    )
+    if schedule is not None and (schedule not in _SCHEDULE_POLICIES or (name is not None and _SCHEDULE_POLICIES[schedule] != name)):
         raise invalid_value(
             "num_assistant_tokens_schedule",
             schedule,
-            "'constant' with an acceptance rule",
-            "remove num_assistant_tokens_schedule; the draft length is num_assistant_tokens",
+            f"one of {sorted(_SCHEDULE_POLICIES)}, consistent with draft_length={name!r}",
+            "use draft_length=<policy> (hf_semspec.available_draft_length_policies()) instead of the schedule",
         )
-    return value
+    if name is None:
+        name = _SCHEDULE_POLICIES[schedule] if schedule is not None else "constant"
+    policy_class = POLICIES.get(name)
+    config = policy_class.config_class.from_kwargs(options)
+    length_field = policy_class.length_field
+    num_assistant_tokens = _resolve_num_assistant_tokens(kwargs, generation_config, model)
+    if length_field is not None:
+        set_by_user = isinstance(options, dict) and options.get(length_field) is not None
+        if num_assistant_tokens is not None:
+            if set_by_user and options[length_field] != num_assistant_tokens:
+                raise invalid_value(
+                    f"draft_length_kwargs['{length_field}']",
+                    options[length_field],
+                    f"the same value as num_assistant_tokens={num_assistant_tokens} when both are given",
+                    "give only one of the two",
+                )
+            setattr(config, length_field, num_assistant_tokens)
+        elif getattr(config, length_field) is None:
+            setattr(config, length_field, default_num_tokens)
+        config.validate()
+    return policy_class(config)
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
@@ -136,6 +180,8 @@ def generate(
     custom_generate=None,
     acceptance: str | None = None,
     acceptance_kwargs: dict | None = None,
+    draft_length: str | DraftLengthPolicy | None = None,
+    draft_length_kwargs: dict | None = None,
     **kwargs,
 ):
     r"""transformers' `generate()`, plus speculative decoding with a choice of acceptance rule.
@@ -152,7 +198,12 @@ def generate(
             `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`.
         acceptance_kwargs (`dict`, *optional*): options of the rule (its config dataclass), validated before
             decoding starts.
-        num_assistant_tokens (`int`, *optional*, in kwargs): draft tokens per round γ; default: the rule's.
+        draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
+            `hf_semspec.available_draft_length_policies()` (default `"constant"`), or a policy instance, which
+            keeps what it learned across calls.
+        draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
+        num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`);
+            default: the rule's `default_num_draft_tokens`.
         All other arguments: as `transformers.GenerationMixin.generate`.
 
     Returns:
@@ -203,15 +254,17 @@ def generate(
 
     # 2. Build and validate everything before transformers prepares the inputs.
     rule = RULES.build(rule_name, rule_kwargs)
+    policy = _build_draft_length_policy(
+        draft_length, draft_length_kwargs, kwargs, generation_config, model, rule.default_num_draft_tokens
+    )
     _check_models(model, assistant_model)
-    num_draft_tokens = _resolve_num_draft_tokens(kwargs, generation_config, model, rule.default_num_draft_tokens)
 
     # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
     decoding_loop = functools.partial(
         speculative_decode,
         assistant_model=assistant_model,
         rule=rule,
-        num_draft_tokens=num_draft_tokens,
+        draft_length=policy,
         streamer=streamer,
     )
     return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)

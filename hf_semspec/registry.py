@@ -7,6 +7,8 @@ identifiers because they travel through `GenerationConfig` JSON and keyword argu
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import pkgutil
 import re
 from typing import Generic, TypeVar
 
@@ -84,4 +86,11 @@ class Registry(Generic[T]):
         return name in self._classes
 
 
-__all__ = ["Registry", "SemSpecConfigError"]
+def import_component_modules(package_name: str, package_path: list[str]) -> None:
+    """Imports every module of a component package (except `base`), so that each registers itself."""
+    for module in pkgutil.iter_modules(package_path):
+        if module.name != "base":
+            importlib.import_module(f"{package_name}.{module.name}")
+
+
+__all__ = ["Registry", "SemSpecConfigError", "import_component_modules"]

@@ -88,9 +88,9 @@ def test_num_assistant_tokens_out_of_range(no_forward, value):
         generate(no_forward, acceptance="exact", num_assistant_tokens=value)
 
 
-def test_heuristic_schedule_is_rejected(no_forward):
-    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens_schedule` = 'heuristic'"):
-        generate(no_forward, acceptance="exact", num_assistant_tokens=4, num_assistant_tokens_schedule="heuristic")
+def test_schedule_conflicting_with_draft_length_is_rejected(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens_schedule` = 'heuristic'.*draft_length='constant'"):
+        generate(no_forward, acceptance="exact", draft_length="constant", num_assistant_tokens_schedule="heuristic")
 
 
 def test_empty_prompt(no_forward):

@@ -4,9 +4,7 @@ Importing this package imports every module in this folder, and each module regi
 `@register_rule`; a new rule is a new file here (plus nothing else), and tests/test_rule_matrix.py picks it up.
 """
 
-import importlib
-import pkgutil
-
+from ..registry import import_component_modules
 from .base import (
     RULES,
     AcceptanceRule,
@@ -17,9 +15,7 @@ from .base import (
     register_rule,
 )
 
-for _module in pkgutil.iter_modules(__path__):
-    if _module.name != "base":
-        importlib.import_module(f"{__name__}.{_module.name}")
+import_component_modules(__name__, __path__)
 
 __all__ = [
     "RULES",

@@ -1,0 +1,98 @@
+"""The draft-length policy interface: how many tokens to draft each round.
+
+A policy is a second switch next to the acceptance rule (`draft_length="<name>"`, `draft_length_kwargs={...}`):
+
+- `max_tokens()`: the round's budget, asked before drafting;
+- `keep_drafting(num_drafted, probs)`: asked after each drafted token when the policy `decides_per_token`;
+  returning `False` ends the round early. Reading a value to decide costs one host sync per drafted token, so
+  only per-token policies are asked, and fixed-budget policies cost nothing;
+- `observe(outcome)`: the verification result of the round, to adapt (schedules, bandits).
+
+One policy instance serves one `generate()` call unless the user passes an instance, which then keeps what it
+learned across calls.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..component_config import ComponentConfig
+from ..registry import Registry
+
+
+@dataclass
+class DraftLengthConfig(ComponentConfig):
+    """Base config of draft-length policies: the options passed as `draft_length_kwargs`."""
+
+    argument_name = "draft_length_kwargs"
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """What one round produced, reported to `DraftLengthPolicy.observe`.
+
+    Args:
+        num_drafted (`int`): tokens drafted this round (γ).
+        num_accepted (`int`): drafts the acceptance rule accepted (the round emitted `num_accepted + 1` tokens).
+        seconds (`float`): wall time of the round, drafting through verification.
+    """
+
+    num_drafted: int
+    num_accepted: int
+    seconds: float
+
+
+class DraftLengthPolicy(ABC):
+    """Base of every draft-length policy.
+
+    Class attributes a policy sets:
+        name (`str`): the value of `draft_length=` that selects it.
+        config_class (`type[DraftLengthConfig]`): its options (`draft_length_kwargs`).
+        paper (`str`): link to the method's paper, if any.
+        length_field (`str` or `None`): the config field that `num_assistant_tokens` sets when the user gives it
+            (the fixed length, the initial length or the cap, depending on the policy); a `None` value of that
+            field is filled with `num_assistant_tokens` or the acceptance rule's default draft length.
+        decides_per_token (`bool`): `keep_drafting` is called after each drafted token.
+        reads_draft_probs (`bool`): `keep_drafting` receives the draft distribution q (else `None`).
+    """
+
+    name: ClassVar[str]
+    config_class: ClassVar[type[DraftLengthConfig]]
+    paper: ClassVar[str] = ""
+    length_field: ClassVar[str | None] = None
+    decides_per_token: ClassVar[bool] = False
+    reads_draft_probs: ClassVar[bool] = False
+
+    def __init__(self, config: DraftLengthConfig | None = None):
+        self.config = config if config is not None else self.config_class()
+        self.config.validate()
+
+    @abstractmethod
+    def max_tokens(self) -> int:
+        """Upper bound on the tokens drafted in the next round (the loop also caps it near `max_length`)."""
+
+    def keep_drafting(self, num_drafted: int, probs: torch.FloatTensor | None) -> bool:
+        """After `num_drafted` tokens of this round: continue? `probs` is q of the last drafted token, shape
+        `(batch, vocab)`, when `reads_draft_probs`."""
+        return True
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        """Learns from one verified round."""
+
+
+POLICIES: Registry[DraftLengthPolicy] = Registry(
+    kind="draft-length policy",
+    argument="draft_length",
+    base=DraftLengthPolicy,
+    listing_function="hf_semspec.available_draft_length_policies",
+)
+register_policy = POLICIES.register
+
+
+def available_draft_length_policies() -> list[str]:
+    """Names accepted by `generate(..., draft_length=...)`."""
+    return POLICIES.names()

@@ -1,0 +1,35 @@
+"""`constant`: draft the same number of tokens every round (transformers' `num_assistant_tokens_schedule="constant"`).
+
+    γ_t = γ for every round t.
+
+Worked example: `draft_length_kwargs={"num_tokens": 4}` drafts 4 tokens in every round, whatever was accepted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..component_config import Range
+from .base import DraftLengthConfig, DraftLengthPolicy, register_policy
+
+
+@dataclass
+class ConstantConfig(DraftLengthConfig):
+    component_name = "constant"
+    num_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "tokens drafted per round; None = num_assistant_tokens, else the acceptance rule's default",
+            "range": Range(1, 128),
+        },
+    )
+
+
+@register_policy
+class ConstantPolicy(DraftLengthPolicy):
+    name = "constant"
+    config_class = ConstantConfig
+    length_field = "num_tokens"
+
+    def max_tokens(self) -> int:
+        return self.config.num_tokens

@@ -1,0 +1,185 @@
+"""Draft-length policies: the interface as the loop uses it, the resolution of `draft_length` /
+`num_assistant_tokens`, and one suite run on every registered policy."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+from conftest import prompt
+from transformers import GenerationConfig
+
+import hf_semspec
+from hf_semspec.component_config import Range
+from hf_semspec.draft_length import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
+from hf_semspec.errors import SemSpecConfigError
+
+POLICY_NAMES = hf_semspec.available_draft_length_policies()
+
+
+@dataclass
+class _StopAfterConfig(DraftLengthConfig):
+    component_name = "stop_after_test"
+    stop_after: int = field(default=2, metadata={"help": "drafts per round", "range": Range(1, 16)})
+    cap: int | None = field(default=None, metadata={"help": "budget", "range": Range(1, 128)})
+
+
+class _StopAfterPolicy(DraftLengthPolicy):
+    """Test policy: budget `cap`, but stops after `stop_after` drafts; records every call."""
+
+    name = "stop_after_test"
+    config_class = _StopAfterConfig
+    length_field = "cap"
+    decides_per_token = True
+    reads_draft_probs = True
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        self.asked, self.outcomes = [], []
+
+    def max_tokens(self):
+        return self.config.cap
+
+    def keep_drafting(self, num_drafted, probs):
+        self.asked.append((num_drafted, None if probs is None else probs.sum(-1)))
+        return num_drafted < self.config.stop_after
+
+    def observe(self, outcome):
+        self.outcomes.append(outcome)
+
+
+@pytest.fixture
+def stop_after_registered():
+    register_policy(_StopAfterPolicy)
+    yield
+    POLICIES.unregister("stop_after_test")
+
+
+def generate(model, draft, **kwargs):
+    return model.generate(prompt(8), assistant_model=draft, acceptance="exact", max_new_tokens=24,
+                          min_new_tokens=24, return_dict_in_generate=True, **kwargs)
+
+
+def test_num_assistant_tokens_and_constant_kwargs_agree(attached, close_draft):
+    a = generate(attached, close_draft, num_assistant_tokens=3)
+    b = generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"num_tokens": 3})
+    assert torch.equal(a.sequences, b.sequences)
+    assert a.acceptance_stats == b.acceptance_stats
+    assert len(a.acceptance_stats.drafted_per_position) == 3
+
+
+def test_default_length_is_the_rules(attached, close_draft):
+    stats = generate(attached, close_draft).acceptance_stats
+    assert len(stats.drafted_per_position) == hf_semspec.rules.RULES.get("exact").default_num_draft_tokens
+
+
+def test_per_token_policy_stops_early_and_learns(attached, close_draft, stop_after_registered):
+    policy = _StopAfterPolicy(_StopAfterConfig(stop_after=2, cap=6))
+    out = generate(attached, close_draft, draft_length=policy)
+    stats = out.acceptance_stats
+    assert len(stats.drafted_per_position) == 2  # never more than 2 drafts although the budget was 6
+    plain = type(attached).generate(attached, prompt(8), do_sample=False, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(out.sequences, plain)  # still lossless
+    # asked after the 1st and 2nd draft of each full round, with q (rows sum to 1)
+    assert {n for n, _ in policy.asked} == {1, 2}
+    assert all(torch.allclose(s, torch.ones_like(s)) for _, s in policy.asked)
+    # one outcome per round, consistent with the stats
+    assert len(policy.outcomes) == stats.num_target_forwards
+    assert sum(o.num_drafted for o in policy.outcomes) == stats.num_drafted
+    assert sum(o.num_accepted for o in policy.outcomes) == stats.num_accepted
+    assert all(o.seconds > 0 for o in policy.outcomes)
+
+
+def test_policy_instance_keeps_state_across_calls(attached, close_draft, stop_after_registered):
+    policy = _StopAfterPolicy(_StopAfterConfig(stop_after=3, cap=4))
+    first = generate(attached, close_draft, draft_length=policy).acceptance_stats.num_target_forwards
+    second = generate(attached, close_draft, draft_length=policy).acceptance_stats.num_target_forwards
+    assert len(policy.outcomes) == first + second
+
+
+def test_policy_by_name_from_generation_config_json(attached, close_draft, stop_after_registered, tmp_path):
+    GenerationConfig(
+        max_new_tokens=24, min_new_tokens=24, acceptance="exact", draft_length="stop_after_test",
+        draft_length_kwargs={"stop_after": 1}, num_assistant_tokens=5,
+    ).save_pretrained(tmp_path)
+    out = attached.generate(
+        prompt(8), assistant_model=close_draft, generation_config=GenerationConfig.from_pretrained(tmp_path),
+        return_dict_in_generate=True,
+    )
+    assert len(out.acceptance_stats.drafted_per_position) == 1
+
+
+def test_conflicting_lengths_are_rejected(attached, close_draft):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 4.*num_assistant_tokens=6"):
+        generate(attached, close_draft, num_assistant_tokens=6, draft_length="constant", draft_length_kwargs={"num_tokens": 4})
+
+
+def test_unknown_policy_and_options(attached, close_draft):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length` = 'fast'.*allowed one of \[.*'constant'"):
+        generate(attached, close_draft, draft_length="fast")
+    with pytest.raises(SemSpecConfigError, match=r"unknown option\(s\) \['gamma'\] for 'constant'"):
+        generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"gamma": 3})
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 0"):
+        generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"num_tokens": 0})
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs`.*only together with `draft_length`"):
+        generate(attached, close_draft, draft_length_kwargs={"num_tokens": 3})
+
+
+def test_instance_with_kwargs_is_rejected(attached, close_draft):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs`.*policy instance"):
+        generate(attached, close_draft, draft_length=POLICIES.build("constant", {"num_tokens": 2}), draft_length_kwargs={})
+
+
+def test_unknown_schedule_is_rejected(attached, close_draft):
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens_schedule` = 'bogus'"):
+        generate(attached, close_draft, num_assistant_tokens_schedule="bogus")
+
+
+# One suite for every registered policy.
+
+
+def built(name):
+    policy_class = POLICIES.get(name)
+    config = policy_class.config_class.from_kwargs({})
+    if policy_class.length_field and getattr(config, policy_class.length_field) is None:
+        setattr(config, policy_class.length_field, 6)
+    return policy_class(config)
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_policy_budget_stays_in_range_under_any_outcomes(name):
+    policy = built(name)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(200):
+        budget = policy.max_tokens()
+        assert isinstance(budget, int) and 1 <= budget <= 128
+        drafted = budget
+        if policy.decides_per_token:
+            for n in range(1, budget):
+                probs = torch.softmax(torch.randn(1, 50, generator=g) * 3, -1) if policy.reads_draft_probs else None
+                keep = policy.keep_drafting(n, probs)
+                assert isinstance(keep, bool)
+                if not keep:
+                    drafted = n
+                    break
+        accepted = int(torch.randint(0, drafted + 1, (1,), generator=g))
+        policy.observe(RoundOutcome(drafted, accepted, seconds=0.01 * (drafted + 1)))
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_policy_documented_and_config_roundtrips(name):
+    policy_class = POLICIES.get(name)
+    assert "Worked example" in (__import__(policy_class.__module__, fromlist=["_"]).__doc__ or "")
+    config = policy_class.config_class()
+    assert policy_class.config_class.from_kwargs(json.loads(json.dumps(config.to_dict()))) == config
+    assert all(row["help"] for row in policy_class.config_class.field_docs())
+
+
+@pytest.mark.parametrize("name", POLICY_NAMES)
+def test_policy_end_to_end_exact_stays_lossless(attached, close_draft, name):
+    out = generate(attached, close_draft, draft_length=name)
+    plain = type(attached).generate(attached, prompt(8), do_sample=False, max_new_tokens=24, min_new_tokens=24)
+    assert torch.equal(out.sequences, plain)
+    assert out.acceptance_stats.num_drafted > 0

@@ -190,6 +190,8 @@ def speculative_decode(
         do_sample=do_sample,
         return_probs=do_sample or rule.requires_draft_probs,
         output_device=input_ids.device,
+        vocab_size=model.config.get_text_config().vocab_size,
+        redistribute=rule.redistributes_draft,
     )
     lm_head = model.get_output_embeddings() if rule.requires_target_hidden_states else None
     return_dict = generation_config.return_dict_in_generate

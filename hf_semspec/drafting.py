@@ -34,12 +34,20 @@ class ModelDrafter:
     The draft distribution goes through the same logits processors as the target (temperature, top-k/p, repetition
     penalty, min_new_tokens, …), each position seeing the prefix it extends, so that q and p are comparable.
 
+    Pruned-vocabulary drafters (see `hf_semspec.drafters`) are supported through two optional attributes of the
+    draft model: `kept_token_ids` (`torch.LongTensor` of shape `(K,)`), the target ids of its K output logits, and,
+    for RDK, `rdk_indices` / `rdk_weights` (shapes `(K, m)`), a sparse row-stochastic kernel from each kept token
+    to target ids. Drafts and their distribution are returned in target ids, so the loop and every rule see the
+    target's vocabulary only.
+
     Args:
         model (`PreTrainedModel`): the draft (assistant) model; may live on another device or dtype than the target.
         logits_processor (`LogitsProcessorList`): the processors transformers prepared for this `generate()` call.
         do_sample (`bool`): draw drafts from q (`True`) or take argmax q (`False`).
         return_probs (`bool`): keep q for the verifier (needed when sampling or when the rule asks for it).
         output_device (`torch.device`): where drafts and q are returned (the target's device).
+        vocab_size (`int`): the target's vocabulary size (width of the distributions returned).
+        redistribute (`bool`): draw from the RDK-redistributed r = q·K instead of q (needs `rdk_indices`).
     """
 
     def __init__(
@@ -49,6 +57,8 @@ class ModelDrafter:
         do_sample: bool,
         return_probs: bool,
         output_device: torch.device,
+        vocab_size: int,
+        redistribute: bool = False,
         generator: torch.Generator | None = None,
     ):
         self.model = model
@@ -56,10 +66,40 @@ class ModelDrafter:
         self.do_sample = do_sample
         self.return_probs = return_probs
         self.output_device = output_device
+        self.vocab_size = vocab_size
         self.generator = generator
         self.cache = DynamicCache(config=model.config)
         self.cache.activate_past_recording()
         self._supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
+        kept = getattr(model, "kept_token_ids", None)
+        self.kept_token_ids = None if kept is None else kept.to(output_device)
+        # The rule checked before decoding that a redistributing drafter has its kernel (check_assistant_model).
+        self.rdk_kernel = (
+            (model.rdk_indices.to(output_device), model.rdk_weights.to(output_device).float()) if redistribute else None
+        )
+
+    def _next_token(
+        self, prefix: torch.LongTensor, logits: torch.FloatTensor, keep_probs: bool
+    ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
+        """The drafted token `(batch,)` and, if `keep_probs`, the distribution it was drawn from `(batch, vocab)`.
+
+        `logits` are the draft's raw logits, over the kept ids for a pruned drafter."""
+        processors = len(self.logits_processor) > 0
+        if self.kept_token_ids is not None:
+            if not (processors or keep_probs or self.do_sample or self.rdk_kernel is not None):
+                return self.kept_token_ids[logits.argmax(-1)], None  # greedy fast path: no full-vocabulary tensor
+            # Tokens the drafter cannot propose get −inf, so processors and q live on the target's vocabulary.
+            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
+            logits = full.index_copy(1, self.kept_token_ids, logits)
+        if processors:
+            logits = self.logits_processor(prefix, logits)
+        if not (keep_probs or self.do_sample or self.rdk_kernel is not None):
+            return logits.argmax(-1), None
+        q = logits.softmax(-1)
+        if self.rdk_kernel is not None:
+            q = redistribute(q, self.kept_token_ids, *self.rdk_kernel)
+        token = sample_categorical(q, self.generator) if self.do_sample else q.argmax(-1)
+        return token, q
 
     @record_function("hf_semspec.draft")
     def draft(
@@ -77,7 +117,7 @@ class ModelDrafter:
         length = input_ids.shape[1]
         sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], max_tokens)], dim=1)
         asks_policy = policy is not None and policy.decides_per_token
-        keep_probs = self.do_sample or self.return_probs or (asks_policy and policy.reads_draft_probs)
+        keep_probs = self.return_probs or (asks_policy and policy.reads_draft_probs)
         probs = []
         num_drafted = 0
         while num_drafted < max_tokens:
@@ -85,10 +125,7 @@ class ModelDrafter:
             logits = forward_new_tokens(
                 self.model, self.cache, prefix, attention_mask, 1, self._supports_logits_to_keep
             )[:, -1].to(self.output_device)
-            if len(self.logits_processor) > 0:
-                logits = self.logits_processor(prefix, logits)
-            q = logits.softmax(-1) if keep_probs else None
-            token = sample_categorical(q, self.generator) if self.do_sample else logits.argmax(-1)
+            token, q = self._next_token(prefix, logits, keep_probs)
             sequence[:, length + num_drafted] = token
             probs.append(q)
             num_drafted += 1
@@ -104,3 +141,23 @@ class ModelDrafter:
         excess = self.cache.get_seq_length() - num_valid_tokens
         if excess > 0:
             self.cache.crop(-excess)
+
+
+def redistribute(
+    q: torch.FloatTensor, kept_token_ids: torch.LongTensor, indices: torch.LongTensor, weights: torch.FloatTensor
+) -> torch.FloatTensor:
+    """RDK's redistribution r = q·M with a sparse row-stochastic kernel (Timor et al. 2025, arXiv 2506.03206).
+
+    Args:
+        q (`torch.FloatTensor` of shape `(batch, vocab)`): the draft distribution, zero outside the kept ids.
+        kept_token_ids (`torch.LongTensor` of shape `(K,)`): the kept ids, the kernel's rows.
+        indices (`torch.LongTensor` of shape `(K, m)`), weights (`torch.FloatTensor` of shape `(K, m)`): row k
+            sends the mass of `kept_token_ids[k]` to `indices[k]` in proportions `weights[k]` (each row sums to 1).
+
+    Returns:
+        `torch.FloatTensor` of shape `(batch, vocab)`: r, a distribution that may put mass on pruned tokens.
+    """
+    mass = q[:, kept_token_ids]  # (batch, K)
+    contributions = (mass[:, :, None] * weights[None]).reshape(q.shape[0], -1)
+    return torch.zeros_like(q).scatter_add_(1, indices.reshape(1, -1).expand(q.shape[0], -1), contributions)
+

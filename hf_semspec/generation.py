@@ -258,6 +258,7 @@ def generate(
         draft_length, draft_length_kwargs, kwargs, generation_config, model, rule.default_num_draft_tokens
     )
     _check_models(model, assistant_model)
+    rule.check_assistant_model(assistant_model)
 
     # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
     decoding_loop = functools.partial(

@@ -87,9 +87,10 @@ class Registry(Generic[T]):
 
 
 def import_component_modules(package_name: str, package_path: list[str]) -> None:
-    """Imports every module of a component package (except `base`), so that each registers itself."""
+    """Imports every public module of a component package (not `base`, not `_private` helpers), so that each
+    registers itself."""
     for module in pkgutil.iter_modules(package_path):
-        if module.name != "base":
+        if module.name != "base" and not module.name.startswith("_"):
             importlib.import_module(f"{package_name}.{module.name}")
 
 

@@ -106,3 +106,51 @@ def patch_rng(monkeypatch):
         return drawn
 
     return apply
+
+
+class SlicedHeadDrafter(torch.nn.Module):
+    """The pruned-drafter protocol in its simplest form, for tests: a causal LM whose logits are restricted to
+    `kept_token_ids`, with an optional RDK kernel (`rdk_indices`, `rdk_weights`)."""
+
+    def __init__(self, model, kept_token_ids, rdk_indices=None, rdk_weights=None):
+        super().__init__()
+        self.inner = model
+        self.config = model.config
+        self.register_buffer("kept_token_ids", kept_token_ids)
+        self.rdk_indices, self.rdk_weights = rdk_indices, rdk_weights
+
+    @property
+    def device(self):
+        return self.inner.device
+
+    def forward(self, **kwargs):
+        out = self.inner(**kwargs)
+        out.logits = out.logits[..., self.kept_token_ids]
+        return out
+
+
+def nearest_neighbour_kernel(model, kept_token_ids, neighbours=3, temperature=1.0):
+    """Each kept token keeps mass for itself and sends some to its most similar pruned tokens (by head rows)."""
+    head = torch.nn.functional.normalize(model.lm_head.weight.detach(), dim=-1)
+    pruned = torch.tensor(sorted(set(range(head.shape[0])) - set(kept_token_ids.tolist())))
+    similarity = head[kept_token_ids] @ head[pruned].T
+    top = similarity.topk(neighbours, dim=-1)
+    indices = torch.cat([kept_token_ids[:, None], pruned[top.indices]], dim=1)
+    scores = torch.cat([torch.ones(len(kept_token_ids), 1), top.values], dim=1)
+    return indices, torch.softmax(scores / temperature, dim=-1)
+
+
+@pytest.fixture(scope="session")
+def kept_ids():
+    """Half of the vocabulary, special tokens included."""
+    return torch.tensor(sorted({0, 1, EOS} | set(range(4, VOCAB, 2))))
+
+
+@pytest.fixture(scope="session")
+def pruned_draft(close_draft, kept_ids):
+    return SlicedHeadDrafter(close_draft, kept_ids)
+
+
+@pytest.fixture(scope="session")
+def rdk_draft(close_draft, kept_ids):
+    return SlicedHeadDrafter(close_draft, kept_ids, *nearest_neighbour_kernel(close_draft, kept_ids))

@@ -183,10 +183,11 @@ def test_unknown_option_is_rejected_for_every_rule(name):
 
 
 @pytest.mark.parametrize("name,do_sample", rule_and_mode())
-def test_end_to_end_on_tiny_models(attached, close_draft, name, do_sample):
+def test_end_to_end_on_tiny_models(attached, close_draft, rdk_draft, name, do_sample):
     rule_class = RULES.get(name)
     ids = prompt(8)
-    kwargs = dict(assistant_model=close_draft, acceptance=name, max_new_tokens=16, do_sample=do_sample, return_dict_in_generate=True)
+    draft = rdk_draft if rule_class.redistributes_draft else close_draft
+    kwargs = dict(assistant_model=draft, acceptance=name, max_new_tokens=16, do_sample=do_sample, return_dict_in_generate=True)
     supported = rule_class.supports_sampling if do_sample else rule_class.supports_greedy
     if not supported:
         with pytest.raises(SemSpecConfigError, match=rf"`do_sample` = {do_sample}.*acceptance='{name}'"):

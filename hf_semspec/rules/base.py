@@ -139,6 +139,8 @@ class AcceptanceRule(ABC):
         supports_greedy / supports_sampling (`bool`): which decoding modes the rule defines.
         requires_draft_probs (`bool`): needs q even when decoding greedily.
         requires_target_hidden_states (`bool`): needs the LM-head input at the verified positions.
+        redistributes_draft (`bool`): the drafter draws from RDK's redistributed r instead of q (needs a
+            pruned-vocabulary drafter with a kernel, see `hf_semspec.drafters`).
         default_num_draft_tokens (`int`): γ used when the user sets no `num_assistant_tokens`.
     """
 
@@ -150,6 +152,7 @@ class AcceptanceRule(ABC):
     supports_sampling: ClassVar[bool] = True
     requires_draft_probs: ClassVar[bool] = False
     requires_target_hidden_states: ClassVar[bool] = False
+    redistributes_draft: ClassVar[bool] = False
     default_num_draft_tokens: ClassVar[int] = 5
 
     def __init__(self, config: RuleConfig | None = None):
@@ -167,6 +170,16 @@ class AcceptanceRule(ABC):
                 do_sample,
                 f"{other} only, for acceptance='{self.name}'",
                 f"pass {other}, or choose another rule with `acceptance=`",
+            )
+
+    def check_assistant_model(self, assistant_model: torch.nn.Module) -> None:
+        """Raises before decoding when the draft model lacks what the rule needs."""
+        if self.redistributes_draft and getattr(assistant_model, "rdk_indices", None) is None:
+            raise invalid_value(
+                "assistant_model",
+                type(assistant_model).__name__,
+                f"a pruned-vocabulary drafter with an RDK kernel when acceptance='{self.name}'",
+                "build one with hf_semspec.drafters.prune_vocabulary(..., rdk=True), or use acceptance='exact'",
             )
 
     @abstractmethod

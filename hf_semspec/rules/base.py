@@ -14,9 +14,9 @@ rule can be unit-tested on hand-written logits.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
-from typing import ClassVar
+from typing import Any, Callable, ClassVar
 
 import torch
 from torch.profiler import record_function
@@ -88,6 +88,16 @@ class VerificationInput:
     lm_head_bias: torch.Tensor | None = None
     do_sample: bool = False
     generator: torch.Generator | None = None
+    _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def once(self, key: str, compute: Callable[[], Any]) -> Any:
+        """Per-round memo: `compute()` the first time `key` is asked for on these inputs, the same value after.
+
+        Lets a rule draw its random samples once in `accept()` and emit one of them in `rejection_token()`.
+        """
+        if key not in self._memo:
+            self._memo[key] = compute()
+        return self._memo[key]
 
     @property
     def num_draft_tokens(self) -> int:

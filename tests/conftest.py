@@ -11,6 +11,9 @@ import hf_semspec
 VOCAB = 128
 EOS = 3
 
+# Tiny models: thread start-up costs more than the matmuls, and CI shares two cores.
+torch.set_num_threads(1)
+
 
 def tiny_llama_config(**overrides) -> LlamaConfig:
     values = dict(
@@ -92,7 +95,10 @@ def patch_rng(monkeypatch):
 
     def apply(uniform: float | None = None, categorical: str | None = None) -> list[torch.Tensor]:
         drawn: list[torch.Tensor] = []
-        modules = {rules_base} | {sys.modules[RULES.get(n).__module__] for n in RULES.names()}
+        # every module in every registered rule's class hierarchy (a rule may inherit its draws from another)
+        modules = {rules_base} | {
+            sys.modules[cls.__module__] for n in RULES.names() for cls in RULES.get(n).__mro__ if cls.__module__ in sys.modules
+        }
         for module in modules:
             if uniform is not None and hasattr(module, "sample_uniform"):
                 monkeypatch.setattr(module, "sample_uniform", lambda shape, device, generator: torch.full(shape, uniform, device=device))

@@ -245,7 +245,9 @@ def speculative_decode(
             keep = eos_at + 1
         new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
         new_tokens = new_tokens[:, :keep]
-        draft_length.observe(RoundOutcome(gamma, num_accepted, time.perf_counter() - round_start))
+        draft_length.observe(
+            RoundOutcome(gamma, num_accepted, time.perf_counter() - round_start, includes_prefill=num_target_forwards == 1)
+        )
 
         # 6. Append, stream, and roll both caches back to the accepted prefix (the next token is not cached yet).
         input_ids = torch.cat([input_ids, new_tokens], dim=1)

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import types
+import weakref
 from typing import Any
 
 import torch
@@ -80,6 +81,11 @@ def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationCon
 
 # transformers' `num_assistant_tokens_schedule` values and the policy each one means.
 _SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heuristic_transient": "heuristic"}
+# transformers' "heuristic" schedule carries the draft length it reached over to the next call with the same
+# assistant model ("heuristic_transient" starts afresh); we keep that schedule's policy per assistant model.
+_HEURISTIC_POLICY_OF_ASSISTANT: "weakref.WeakKeyDictionary[torch.nn.Module, DraftLengthPolicy]" = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def _build_draft_length_policy(
@@ -88,6 +94,7 @@ def _build_draft_length_policy(
     kwargs: dict,
     generation_config: GenerationConfig | None,
     model: torch.nn.Module,
+    assistant_model: torch.nn.Module,
     default_num_tokens: int,
 ) -> DraftLengthPolicy:
     """The draft-length policy of this call: `draft_length` (a name, or a policy instance that keeps its state
@@ -112,6 +119,9 @@ def _build_draft_length_policy(
             f"one of {sorted(_SCHEDULE_POLICIES)}, consistent with draft_length={name!r}",
             "use draft_length=<policy> (hf_semspec.available_draft_length_policies()) instead of the schedule",
         )
+    persistent = name is None and schedule == "heuristic"
+    if persistent and assistant_model in _HEURISTIC_POLICY_OF_ASSISTANT:
+        return _HEURISTIC_POLICY_OF_ASSISTANT[assistant_model]
     if name is None:
         name = _SCHEDULE_POLICIES[schedule] if schedule is not None else "constant"
     policy_class = POLICIES.get(name)
@@ -132,7 +142,10 @@ def _build_draft_length_policy(
         elif getattr(config, length_field) is None:
             setattr(config, length_field, default_num_tokens)
         config.validate()
-    return policy_class(config)
+    policy = policy_class(config)
+    if persistent:
+        _HEURISTIC_POLICY_OF_ASSISTANT[assistant_model] = policy
+    return policy
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
@@ -254,10 +267,11 @@ def generate(
 
     # 2. Build and validate everything before transformers prepares the inputs.
     rule = RULES.build(rule_name, rule_kwargs)
-    policy = _build_draft_length_policy(
-        draft_length, draft_length_kwargs, kwargs, generation_config, model, rule.default_num_draft_tokens
-    )
     _check_models(model, assistant_model)
+    policy = _build_draft_length_policy(
+        draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model,
+        rule.default_num_draft_tokens,
+    )
     rule.check_assistant_model(assistant_model)
 
     # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.

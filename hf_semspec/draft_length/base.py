@@ -39,11 +39,14 @@ class RoundOutcome:
         num_drafted (`int`): tokens drafted this round (γ).
         num_accepted (`int`): drafts the acceptance rule accepted (the round emitted `num_accepted + 1` tokens).
         seconds (`float`): wall time of the round, drafting through verification.
+        includes_prefill (`bool`): the round's forwards also processed the prompt (the first round of a call), so
+            `seconds` says little about the cost of drafting.
     """
 
     num_drafted: int
     num_accepted: int
     seconds: float
+    includes_prefill: bool = False
 
 
 class DraftLengthPolicy(ABC):

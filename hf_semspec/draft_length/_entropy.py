@@ -1,0 +1,14 @@
+"""Shared by the entropy-based draft-length policies (`adaedl`, `svip`): the Shannon entropy of q, in nats.
+
+Not a policy: importing this module registers nothing.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def entropy(probs: torch.Tensor) -> torch.Tensor:
+    """H(q) = -Σ_v q(v) ln q(v) per row of `probs` (shape `(..., vocab)`), in nats, computed in float32 on the
+    tensor's device (no host sync); 0·ln 0 = 0, so tokens masked by top-k/top-p count for nothing."""
+    return torch.special.entr(probs.float()).sum(-1)

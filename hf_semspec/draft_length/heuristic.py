@@ -1,0 +1,89 @@
+"""`heuristic`: transformers' `num_assistant_tokens_schedule="heuristic"` (and `"heuristic_transient"`).
+
+No paper: the rule is the one in transformers' `AssistedCandidateGenerator.update_candidate_strategy`
+(`transformers/generation/candidate_generator.py`), applied after every verified round t:
+
+    γ_1     = num_assistant_tokens                          (`initial_tokens`)
+    γ_{t+1} = γ_t + 2              if n_t = γ̂_t            (every drafted token was accepted)
+    γ_{t+1} = max(1, γ_t − 1)      otherwise
+
+where γ_t is the round's budget, γ̂_t the tokens actually drafted (fewer than γ_t near `max_length`) and n_t the
+drafts accepted. As in transformers, the test compares the accepted count with the tokens *drafted*, the floor is 1,
+and the increment applies to the budget. One difference: transformers lets γ grow without bound (its loop caps
+each round near `max_length`); here γ never exceeds `max_tokens` (default 128, the package's largest draft).
+
+Where the state lives. transformers keeps γ on the *assistant model*: with "heuristic" it writes γ back to
+`assistant_model.generation_config.num_assistant_tokens` at the end of `generate()`, so the next call starts where
+the last one stopped; "heuristic_transient" starts every call from the initial value. Here the policy instance holds
+γ: `draft_length="heuristic"` (or either schedule name) builds a new instance per `generate()` call, which is
+"heuristic_transient"; pass an instance (`draft_length=HeuristicPolicy(...)`) to keep γ across calls, which is
+"heuristic". The first length also differs when the user sets none: transformers starts from 20 (its global default
+for `num_assistant_tokens`), here an unset `initial_tokens` is the acceptance rule's default draft length (5 when the
+policy is built outside `generate()`). transformers' separate `assistant_confidence_threshold` stopping criterion
+is not part of this policy.
+
+Worked example: `initial_tokens=5`. Rounds (drafted, accepted) = (5, 5), (7, 3), (6, 6), (8, 0) give budgets
+5 → 7 → 6 → 8 → 7; from γ = 1 a round (1, 0) stays at 1 (the floor), and a round (1, 1) gives 3.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..component_config import Range
+from ..errors import invalid_value
+from .base import DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
+
+
+@dataclass
+class HeuristicConfig(DraftLengthConfig):
+    component_name = "heuristic"
+    initial_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "draft length of the first round (transformers' num_assistant_tokens); None = "
+            "num_assistant_tokens, else the acceptance rule's default",
+            "range": Range(1, 128),
+        },
+    )
+    max_tokens: int = field(
+        default=128,
+        metadata={
+            "help": "largest draft length the schedule may reach (transformers has no cap)",
+            "range": Range(1, 128),
+        },
+    )
+
+    def _validate_extra(self) -> None:
+        if self.initial_tokens is not None and self.initial_tokens > self.max_tokens:
+            raise invalid_value(
+                f"{self.argument_name}['initial_tokens']",
+                self.initial_tokens,
+                f"at most max_tokens={self.max_tokens} for '{self.component_name}'",
+                "lower initial_tokens or raise max_tokens",
+            )
+
+
+@register_policy
+class HeuristicPolicy(DraftLengthPolicy):
+    """+2 after a round whose drafts were all accepted, −1 (floor 1) otherwise; see the module docstring."""
+
+    name = "heuristic"
+    config_class = HeuristicConfig
+    length_field = "initial_tokens"
+
+    def __init__(self, config: HeuristicConfig | None = None):
+        super().__init__(config)
+        # A config built without a length (outside generate()) starts from 5, transformers' first-call value being 20
+        # and every rule's default being 5.
+        initial = self.config.initial_tokens
+        self.num_tokens = initial if initial is not None else min(5, self.config.max_tokens)
+
+    def max_tokens(self) -> int:
+        return self.num_tokens
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        if outcome.num_accepted == outcome.num_drafted:
+            self.num_tokens = min(self.num_tokens + 2, self.config.max_tokens)
+        else:
+            self.num_tokens = max(1, self.num_tokens - 1)

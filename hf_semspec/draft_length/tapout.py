@@ -1,0 +1,219 @@
+"""`tapout`: TapOut, a multi-armed bandit that picks, each round, which draft-length policy drafts it.
+
+Paper: A. Sridhar, N. Sinnadurai, S. Lie, V. Thangarasa, "TapOut: A Bandit-Based Approach to Dynamic Speculative
+Decoding" (arXiv:2511.02017), https://arxiv.org/abs/2511.02017.
+
+The paper (abstract): "an online, training-free, plug-and-play algorithm for dynamic speculation policy selection
+using multi-armed bandits … a meta-algorithm that selects among multiple parameter-free dynamic speculation
+strategies based on past reward and exploration". Here the arms are registered policies, built through the registry
+with their default options (nothing for the user to tune). At the start of round t the bandit picks an arm a_t
+(sequence-level: one arm for the whole draft); `max_tokens` and `keep_drafting` are that arm's; after verification
+the arm observes the round (it keeps learning, e.g. AdaEDL's λ) and the bandit records its reward r_t.
+
+Rewards (k drafted, n accepted, the round emitted n + 1 tokens in s seconds):
+
+    "tokens_per_second"  (default)   r = (n + 1) / s          throughput, what speculative decoding is for
+    "tokens_per_forward"             r = n + 1                tokens per target forward; ignores draft cost, so it
+                                                              favours the arm that drafts longest
+    "blended"                        r = ½ · n / L + ½ · n / k accepted length (L: the largest budget seen so far)
+                                                              blended with the acceptance rate (0 when k = 0)
+
+Bandits, with N_a the rounds arm a was played, μ_a its mean reward, t = Σ_a N_a and R the largest reward seen so far
+(rewards are divided by R so that both bandits see rewards in [0, 1] whatever their unit); each arm is played once
+first, ties go to the earlier arm:
+
+    "ucb1" (default)   a_t = argmax_a  μ_a / R + sqrt(2 ln t / N_a)                   (Auer et al., 2002)
+    "thompson"         a_t = argmax_a  θ_a,  θ_a ~ N(μ_a / R, 1 / (N_a + 1))         (Gaussian Thompson sampling,
+                                                                                     Agrawal & Goyal, 2013; seeded)
+
+Sources and what is ours. The paper's body was not reachable from here; what is known of it comes from its abstract
+and two public summaries: its arms are parameter-free stopping rules — Max-Confidence, SVIP, AdaEDL and two it
+introduces, SVIPDifference and LogitMargin; the bandit can act per draft ("sequence-level") or per position
+("token-level"), sequence-level UCB1 being its main variant, with Thompson sampling and UCB-Tuned also tried; and its
+reward "balances accepted length and rate". Its exact reward formula, weights and arm thresholds were not reachable.
+So: the default arms are the paper's arms that this package has (`adaedl`, `svip`) plus transformers' `heuristic`
+schedule (ours: a third, sync-free arm, cheap when per-token decisions do not pay); `arms=[...]` takes any registered
+names, e.g. "constant" for fixed lengths. The "tokens_per_second" default and the "tokens_per_forward" option are the
+package's choice; "blended" is our reading of the summaries, not the paper's formula. The division by R, playing each
+arm once first and the Gaussian form of Thompson sampling are ours. Arms whose own length option is unset (heuristic's
+initial length, constant's length) get `num_tokens` (num_assistant_tokens, else the acceptance rule's default);
+adaedl and svip keep their own cap of 40. The first round of a `generate()` call also pays the prompt's prefill
+(`RoundOutcome.includes_prefill`), so with the time-based reward it updates the arm but not the bandit.
+
+State: one instance per `generate()` call; pass an instance (`draft_length=TapOutPolicy(...)`) to keep the bandit's
+statistics and the arms' state across calls. `arm_values()` shows what it learned.
+
+Worked example (UCB1, three arms played once with rewards 100, 200 and 150 tokens/s): R = 200, t = 3, every N_a = 1,
+so the indices are 0.5 + sqrt(2 ln 3) = 1.982, 1.0 + 1.482 = 2.482 and 0.75 + 1.482 = 2.232: round 4 goes to the
+second arm. If it then earns 100 tokens/s, its mean falls to 150 (index 0.75 + sqrt(2 ln 4 / 2) = 1.927) and round 5
+goes to the third arm (0.75 + sqrt(2 ln 4) = 2.415, against 0.5 + 1.665 = 2.165 for the first).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+
+import torch
+
+from ..component_config import Range
+from ..errors import invalid_value
+from .base import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
+
+DEFAULT_ARMS = ("adaedl", "svip", "heuristic")
+BANDITS = ("ucb1", "thompson")
+REWARDS = ("tokens_per_second", "tokens_per_forward", "blended")
+_FALLBACK_NUM_TOKENS = 5  # the rules' default draft length, for arms built outside generate()
+
+
+@dataclass
+class TapOutConfig(DraftLengthConfig):
+    component_name = "tapout"
+    arms: list[str] | None = field(
+        default=None,
+        metadata={"help": f"registered policy names to choose from; None = {list(DEFAULT_ARMS)}"},
+    )
+    bandit: str = field(
+        default="ucb1",
+        metadata={"help": "how the arm is picked each round: UCB1 or (seeded) Thompson sampling", "choices": BANDITS},
+    )
+    reward: str = field(
+        default="tokens_per_second",
+        metadata={"help": "what a round earns the arm that drafted it (see the module docstring)", "choices": REWARDS},
+    )
+    num_tokens: int | None = field(
+        default=None,
+        metadata={
+            "help": "length for arms whose own length option is unset (heuristic's initial, constant's); None = "
+            "num_assistant_tokens, else the acceptance rule's default",
+            "range": Range(1, 128),
+        },
+    )
+    seed: int = field(
+        default=0, metadata={"help": "seed of Thompson sampling's random draws", "range": Range(0, 2**63 - 1)}
+    )
+
+    def _validate_extra(self) -> None:
+        if self.arms is None:
+            return
+        label = f"{self.argument_name}['arms']"
+        registered = [n for n in POLICIES.names() if n != self.component_name]
+        fix = f"pass a list of registered policy names, e.g. {list(DEFAULT_ARMS)}"
+        if not self.arms or not all(isinstance(a, str) for a in self.arms):
+            raise invalid_value(label, self.arms, f"a non-empty list of names from {registered}", fix)
+        bad = [a for a in self.arms if a not in registered]
+        if bad:
+            allowed = f"names from {registered} ({bad} are not; tapout cannot be its own arm)"
+            raise invalid_value(label, self.arms, allowed, fix)
+        if len(set(self.arms)) != len(self.arms):
+            raise invalid_value(label, self.arms, "each name once", "remove the repeated names")
+
+
+@register_policy
+class TapOutPolicy(DraftLengthPolicy):
+    """A bandit over draft-length policies; see the module docstring."""
+
+    name = "tapout"
+    config_class = TapOutConfig
+    paper = "https://arxiv.org/abs/2511.02017"
+    length_field = "num_tokens"
+    # Class-level: some arm may decide per token and read q. Each round narrows these on the instance to the chosen
+    # arm's (set in max_tokens(), which the loop calls before drafting), so a heuristic round costs no host sync.
+    decides_per_token = True
+    reads_draft_probs = True
+
+    def __init__(self, config: TapOutConfig | None = None):
+        super().__init__(config)
+        self.arm_names = list(self.config.arms) if self.config.arms is not None else list(DEFAULT_ARMS)
+        self.arms = [self._build_arm(name) for name in self.arm_names]
+        self.pulls = [0] * len(self.arms)
+        self.reward_sums = [0.0] * len(self.arms)
+        self.reward_scale = 0.0  # R, the largest reward seen
+        self.largest_budget = 0  # L of the blended reward
+        self.current: int | None = None  # the arm drafting this round
+        self.history: list[int] = []  # the arm of every round, in order
+        self._rng = random.Random(self.config.seed)
+
+    def _build_arm(self, name: str) -> DraftLengthPolicy:
+        policy_class = POLICIES.get(name)
+        config = policy_class.config_class.from_kwargs({})
+        length_field = policy_class.length_field
+        if length_field is not None and getattr(config, length_field) is None:
+            setattr(config, length_field, self.config.num_tokens or _FALLBACK_NUM_TOKENS)
+            config.validate()
+        return policy_class(config)
+
+    # The bandit.
+
+    def _normalized_mean(self, arm: int) -> float:
+        mean = self.reward_sums[arm] / self.pulls[arm]
+        return mean / self.reward_scale if self.reward_scale > 0 else 0.0
+
+    def ucb_index(self, arm: int) -> float:
+        """UCB1's index μ_a / R + sqrt(2 ln t / N_a) of a played arm."""
+        return self._normalized_mean(arm) + math.sqrt(2 * math.log(sum(self.pulls)) / self.pulls[arm])
+
+    def choose_arm(self) -> int:
+        """The arm for the next round (advances Thompson sampling's random stream)."""
+        for arm, pulls in enumerate(self.pulls):
+            if pulls == 0:
+                return arm
+        if self.config.bandit == "ucb1":
+            scores = [self.ucb_index(a) for a in range(len(self.arms))]
+        else:
+            scores = [
+                self._rng.gauss(self._normalized_mean(a), 1 / math.sqrt(n + 1)) for a, n in enumerate(self.pulls)
+            ]
+        return max(range(len(scores)), key=lambda a: (scores[a], -a))
+
+    def reward(self, outcome: RoundOutcome) -> float:
+        """What the round earns the arm that drafted it (`reward` option)."""
+        tokens = outcome.num_accepted + 1
+        if self.config.reward == "tokens_per_second":
+            return tokens / max(outcome.seconds, 1e-9)
+        if self.config.reward == "tokens_per_forward":
+            return float(tokens)
+        length = outcome.num_accepted / max(self.largest_budget, 1)
+        rate = outcome.num_accepted / outcome.num_drafted if outcome.num_drafted > 0 else 0.0
+        return 0.5 * length + 0.5 * rate
+
+    def arm_values(self) -> dict[str, dict[str, float]]:
+        """Per arm: rounds played and mean reward (the paper's interpretable "arm values")."""
+        return {
+            name: {"pulls": n, "mean_reward": self.reward_sums[a] / n if n else 0.0}
+            for a, (name, n) in enumerate(zip(self.arm_names, self.pulls))
+        }
+
+    # The policy interface, delegated to the round's arm.
+
+    def max_tokens(self) -> int:
+        self.current = self.choose_arm()
+        arm = self.arms[self.current]
+        self.decides_per_token = arm.decides_per_token
+        self.reads_draft_probs = arm.reads_draft_probs
+        budget = arm.max_tokens()
+        self.largest_budget = max(self.largest_budget, budget)
+        return budget
+
+    def keep_drafting(self, num_drafted: int, probs: torch.Tensor | None) -> bool:
+        if self.current is None:
+            return True
+        arm = self.arms[self.current]
+        if not arm.decides_per_token or (arm.reads_draft_probs and probs is None):
+            return True
+        return arm.keep_drafting(num_drafted, probs if arm.reads_draft_probs else None)
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        if self.current is None:
+            return
+        arm = self.current
+        self.arms[arm].observe(outcome)
+        self.current = None
+        if outcome.includes_prefill and self.config.reward == "tokens_per_second":
+            return  # the prompt's prefill dominates this round's time: no evidence about the arm
+        value = self.reward(outcome)
+        self.pulls[arm] += 1
+        self.reward_sums[arm] += value
+        self.reward_scale = max(self.reward_scale, value)
+        self.history.append(arm)

@@ -1,0 +1,495 @@
+"""The adaptive draft-length policies: `heuristic` (transformers' schedule), `adaedl`, `svip` and the `tapout`
+bandit. Each rule on worked entropies (both sides of its boundary), the docstrings' worked examples, heuristic
+against transformers' own `update_candidate_strategy`, AdaEDL's threshold on a scripted stream, the bandits'
+convergence and delegation, config errors, and end to end on the tiny models."""
+
+from __future__ import annotations
+
+import math
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+from conftest import prompt
+from transformers.generation.candidate_generator import AssistedCandidateGenerator
+
+import hf_semspec
+from hf_semspec.draft_length import POLICIES, RoundOutcome
+from hf_semspec.draft_length import adaedl as adaedl_module
+from hf_semspec.draft_length import heuristic as heuristic_module
+from hf_semspec.draft_length import svip as svip_module
+from hf_semspec.draft_length import tapout as tapout_module
+from hf_semspec.draft_length._entropy import entropy
+from hf_semspec.draft_length.adaedl import AdaEDLConfig, AdaEDLPolicy
+from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
+from hf_semspec.draft_length.svip import SVIPConfig, SVIPPolicy
+from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
+from hf_semspec.errors import SemSpecConfigError
+
+NEW_POLICIES = ["heuristic", "adaedl", "svip", "tapout"]
+
+
+# Distributions with a known entropy.
+
+
+def probs(values, vocab: int = 16) -> torch.Tensor:
+    """A (1, vocab) row holding `values` then zeros."""
+    row = torch.zeros(1, vocab)
+    row[0, : len(values)] = torch.tensor(values)
+    return row
+
+
+def with_entropy(target: float, vocab: int = 64) -> torch.Tensor:
+    """A (1, vocab) float32 row q = softmax(−β·v) whose entropy is `target` nats (β found by bisection)."""
+    ranks = torch.arange(vocab, dtype=torch.float64)
+
+    def h(beta: float) -> float:
+        q = torch.softmax(-beta * ranks, -1)
+        return float(torch.special.entr(q).sum())
+
+    assert 0 < target < math.log(vocab)
+    low, high = 0.0, 100.0  # h decreases from ln(vocab) at β = 0
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if h(mid) > target else (low, mid)
+    return torch.softmax(-low * ranks, -1).float()[None]
+
+
+def outcome(drafted: int, accepted: int, seconds: float = 0.01) -> RoundOutcome:
+    return RoundOutcome(num_drafted=drafted, num_accepted=accepted, seconds=seconds)
+
+
+def test_entropy_in_nats():
+    assert float(entropy(probs([0.25] * 4))) == pytest.approx(math.log(4), abs=1e-6)
+    assert float(entropy(probs([1.0]))) == 0.0  # zeros (masked tokens) count for nothing
+    assert float(entropy(probs([0.8, 0.2]))) == pytest.approx(0.500402, abs=1e-6)
+    assert float(entropy(with_entropy(1.25))) == pytest.approx(1.25, abs=1e-5)
+    batch = torch.cat([probs([0.5, 0.5]), probs([1.0])])
+    assert entropy(batch).tolist() == pytest.approx([math.log(2), 0.0], abs=1e-6)
+
+
+# SVIP: stop when sqrt(γ·H) > h, γ = 0.15, h = 0.3, i.e. when H > 0.6 nats.
+
+
+def test_svip_worked_example():
+    policy = SVIPPolicy()
+    peaked, flat = probs([0.8, 0.2]), probs([0.5, 0.5])
+    assert float(policy.score(peaked)) == pytest.approx(0.2740, abs=1e-4)
+    assert float(policy.score(flat)) == pytest.approx(0.3224, abs=1e-4)
+    assert policy.keep_drafting(1, peaked) is True
+    assert policy.keep_drafting(1, flat) is False
+    for number in ("0.2740", "0.3224", "0.6 nats"):
+        assert number in svip_module.__doc__
+
+
+def test_svip_boundary_on_both_sides():
+    policy = SVIPPolicy()
+    assert policy.config.threshold**2 / policy.config.entropy_scale == pytest.approx(0.6)
+    assert policy.keep_drafting(3, with_entropy(0.599)) is True
+    assert policy.keep_drafting(3, with_entropy(0.601)) is False
+    # Its options move the boundary: h = 0.35 puts it at 0.35² / 0.15 = 0.8167 nats.
+    loose = SVIPPolicy(SVIPConfig(threshold=0.35))
+    assert loose.keep_drafting(1, with_entropy(0.81)) is True
+    assert loose.keep_drafting(1, with_entropy(0.82)) is False
+
+
+def test_svip_batch_stops_when_any_row_would():
+    policy = SVIPPolicy()
+    assert policy.keep_drafting(1, torch.cat([probs([0.8, 0.2]), probs([0.8, 0.2])])) is True
+    assert policy.keep_drafting(1, torch.cat([probs([0.8, 0.2]), probs([0.5, 0.5])])) is False
+    assert policy.keep_drafting(1, None) is True  # nothing to read: keep going
+
+
+def test_entropy_policies_accept_bfloat16_q():
+    q = with_entropy(0.7).bfloat16()
+    assert SVIPPolicy().keep_drafting(1, q) is False  # 0.7 > 0.6
+    assert AdaEDLPolicy().keep_drafting(1, q) is True  # 0.7 < 1.25
+
+
+# AdaEDL: stop when 1 − sqrt(γ·H) < λ, γ = 0.2, λ_0 = 0.5: boundary H = (1 − λ)² / γ = 1.25 nats.
+
+
+def test_adaedl_worked_example():
+    policy = AdaEDLPolicy()
+    peaked, uniform4 = probs([0.8, 0.2]), probs([0.25] * 4)
+    assert float(policy.lower_bound(peaked)) == pytest.approx(0.6836, abs=1e-4)
+    assert float(policy.lower_bound(uniform4)) == pytest.approx(0.4734, abs=1e-4)
+    assert policy.keep_drafting(1, peaked) is True
+    assert policy.keep_drafting(1, uniform4) is False
+    for number in ("0.6836", "0.4734", "1.25 nats"):
+        assert number in adaedl_module.__doc__
+
+
+def test_adaedl_boundary_on_both_sides_and_follows_lambda():
+    policy = AdaEDLPolicy()
+    assert policy.keep_drafting(2, with_entropy(1.245)) is True
+    assert policy.keep_drafting(2, with_entropy(1.255)) is False
+    # λ = 0.7 moves the boundary to (1 − 0.7)² / 0.2 = 0.45 nats; the policy reads its current λ.
+    policy.threshold = 0.7
+    assert policy.keep_drafting(2, with_entropy(0.445)) is True
+    assert policy.keep_drafting(2, with_entropy(0.455)) is False
+
+
+def test_adaedl_threshold_follows_the_worked_example():
+    policy = AdaEDLPolicy()
+    rates, lambdas = [], []
+    for drafted, accepted in [(4, 1), (4, 4), (4, 4), (4, 4), (40, 40)]:
+        policy.observe(outcome(drafted, accepted))
+        rates.append(policy.acceptance_rate)
+        lambdas.append(policy.threshold)
+    assert rates == pytest.approx([0.25, 0.625, 0.8125, 0.90625, 0.953125])
+    assert lambdas == pytest.approx([0.501, 0.502, 0.503, 0.502, 0.502])
+    assert "0.501, 0.502, 0.503, 0.502, 0.502" in adaedl_module.__doc__
+
+
+def test_adaedl_threshold_moves_as_the_paper_says():
+    q = with_entropy(1.2)  # just below the initial boundary (1.25): drafting goes on at first
+    low = AdaEDLPolicy()
+    assert low.keep_drafting(1, q) is True
+    thresholds = [low.threshold]
+    for _ in range(40):  # acceptance rate 0.25 < α = 0.9: λ rises by (1 − β2)·ε = 0.001 per round
+        low.observe(outcome(4, 1))
+        thresholds.append(low.threshold)
+    assert all(b > a for a, b in zip(thresholds, thresholds[1:]))
+    assert low.threshold == pytest.approx(0.5 + 40 * 0.001)
+    assert low.keep_drafting(1, q) is False  # boundary now (1 − 0.54)² / 0.2 = 1.058 nats: stops earlier
+
+    high = AdaEDLPolicy()
+    for _ in range(20):  # acceptance rate 1 ≥ α with 4 ≠ L accepted: λ falls, drafts get longer
+        high.observe(outcome(4, 4))
+    assert high.threshold < 0.5
+    assert high.keep_drafting(1, with_entropy(1.3)) is True  # above the initial boundary, kept now
+
+    capped = AdaEDLPolicy(AdaEDLConfig(max_tokens=4, threshold=0.6))
+    capped.acceptance_rate = 1.0
+    capped.observe(outcome(4, 4))  # all L drafts accepted: λ stays
+    assert capped.threshold == pytest.approx(0.6)
+
+    fixed = AdaEDLPolicy(AdaEDLConfig(adaptive=False))
+    for _ in range(10):
+        fixed.observe(outcome(4, 0))
+    assert fixed.threshold == 0.5 and fixed.acceptance_rate is None
+
+    empty = AdaEDLPolicy()
+    empty.observe(outcome(0, 0))  # no draft: no rate to learn from
+    assert empty.threshold == 0.5 and empty.acceptance_rate is None
+
+
+def test_adaedl_threshold_stays_in_unit_interval():
+    policy = AdaEDLPolicy(AdaEDLConfig(threshold=1.0, threshold_step=1.0, beta2=0.0))
+    policy.observe(outcome(4, 0))
+    assert policy.threshold == 1.0
+    policy = AdaEDLPolicy(AdaEDLConfig(threshold=0.0, threshold_step=1.0, beta2=0.0, target_acceptance=0.1))
+    policy.observe(outcome(4, 4))
+    assert policy.threshold == 0.0
+
+
+# heuristic: transformers' own rule.
+
+
+def transformers_schedule(initial: int, rounds) -> list[int]:
+    """Budgets that transformers' `AssistedCandidateGenerator.update_candidate_strategy` produces."""
+    state = SimpleNamespace(
+        num_assistant_tokens=initial,
+        assistant_generation_config=SimpleNamespace(
+            num_assistant_tokens_schedule="heuristic", assistant_confidence_threshold=None
+        ),
+    )
+    budgets = [state.num_assistant_tokens]
+    for drafted, accepted in rounds:
+        scores = torch.zeros(1, drafted + 1, 4)  # one row per draft plus the bonus position
+        AssistedCandidateGenerator.update_candidate_strategy(state, None, scores, accepted)
+        budgets.append(state.num_assistant_tokens)
+    return budgets
+
+
+def our_schedule(initial: int, rounds, **options) -> list[int]:
+    policy = HeuristicPolicy(HeuristicConfig(initial_tokens=initial, **options))
+    budgets = [policy.max_tokens()]
+    for drafted, accepted in rounds:
+        policy.observe(outcome(drafted, accepted))
+        budgets.append(policy.max_tokens())
+    return budgets
+
+
+def test_heuristic_worked_example_matches_transformers():
+    rounds = [(5, 5), (7, 3), (6, 6), (8, 0)]
+    assert our_schedule(5, rounds) == transformers_schedule(5, rounds) == [5, 7, 6, 8, 7]
+    floor = [(1, 0), (1, 0), (1, 1)]
+    assert our_schedule(1, floor) == transformers_schedule(1, floor) == [1, 1, 1, 3]
+    assert "5 → 7 → 6 → 8 → 7" in heuristic_module.__doc__
+
+
+def test_heuristic_matches_transformers_on_a_random_stream():
+    rng = random.Random(0)
+    rounds, budget = [], 4
+    for _ in range(300):
+        drafted = rng.randint(max(0, budget - 2), budget)  # near max_length a round drafts fewer than its budget
+        accepted = drafted if rng.random() < 0.4 else rng.randint(0, max(0, drafted - 1))
+        rounds.append((drafted, accepted))
+        budget = budget + 2 if accepted == drafted else max(1, budget - 1)
+    ours, theirs = our_schedule(4, rounds), transformers_schedule(4, rounds)
+    assert max(theirs) < 128  # below our cap, where both must agree everywhere
+    assert ours == theirs
+
+
+def test_heuristic_cap_is_ours():
+    rounds = [(n, n) for n in range(5, 12)]
+    assert transformers_schedule(5, rounds[:3])[-1] == 11  # transformers has no cap
+    assert our_schedule(5, rounds[:3], max_tokens=8) == [5, 7, 8, 8]
+
+
+def test_heuristic_schedule_names_map_to_it_and_instance_persists(attached, close_draft):
+    for schedule in ("heuristic", "heuristic_transient"):
+        out = attached.generate(
+            prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=24, min_new_tokens=24,
+            num_assistant_tokens=3, num_assistant_tokens_schedule=schedule, return_dict_in_generate=True,
+        )
+        assert out.acceptance_stats.num_drafted > 0
+    policy = HeuristicPolicy(HeuristicConfig(initial_tokens=3))
+    kwargs = dict(assistant_model=close_draft, acceptance="exact", max_new_tokens=24, min_new_tokens=24,
+                  draft_length=policy)
+    attached.generate(prompt(8), **kwargs)
+    after_first = policy.num_tokens
+    recorded = []
+    original = policy.observe
+    policy.observe = lambda o: (recorded.append((policy.num_tokens, o)), original(o))
+    attached.generate(prompt(8, seed=1), **kwargs)
+    assert recorded[0][0] == after_first  # the second call starts where the first one stopped
+    for (budget, o), (next_budget, _) in zip(recorded, recorded[1:]):  # and follows the rule
+        assert next_budget == (min(budget + 2, 128) if o.num_accepted == o.num_drafted else max(1, budget - 1))
+
+
+# TapOut.
+
+
+def drive(policy: TapOutPolicy, reward_of, rounds: int) -> list[str]:
+    """Runs `rounds` synthetic rounds; `reward_of(arm_name)` gives (accepted, seconds). Returns the arms played."""
+    played = []
+    for _ in range(rounds):
+        budget = policy.max_tokens()
+        name = policy.arm_names[policy.current]
+        accepted, seconds = reward_of(name)
+        policy.observe(outcome(budget, min(accepted, budget), seconds))
+        played.append(name)
+    return played
+
+
+def test_tapout_ucb1_worked_example():
+    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic", "svip"], num_tokens=4))
+    speeds = iter([100.0, 200.0, 150.0, 100.0])  # tokens per second of rounds 1–4 (one token each)
+    played = []
+    indices = []
+    for _ in range(5):
+        policy.max_tokens()
+        played.append(policy.current)
+        if len(played) >= 4:
+            indices.append([round(policy.ucb_index(a), 3) for a in range(3)])
+        if len(played) < 5:
+            policy.observe(outcome(4, 0, seconds=1 / next(speeds)))
+    assert played == [0, 1, 2, 1, 2]
+    assert indices == [[1.982, 2.482, 2.232], [2.165, 1.927, 2.415]]
+    assert policy.arm_values()["heuristic"] == {"pulls": 2, "mean_reward": pytest.approx(150.0)}
+    for number in ("2.482", "2.232", "1.927", "2.415"):
+        assert number in tapout_module.__doc__
+
+
+@pytest.mark.parametrize("bandit", ["ucb1", "thompson"])
+@pytest.mark.parametrize("reward", ["tokens_per_second", "tokens_per_forward"])
+def test_tapout_converges_to_the_best_arm(bandit, reward):
+    arms = ["constant", "heuristic", "svip"]
+    mean_accepted = {"constant": 1, "heuristic": 3, "svip": 2}  # heuristic is best under both rewards
+    rng = random.Random(1)
+
+    def reward_of(name):
+        return max(0, mean_accepted[name] + rng.choice([-1, 0, 1])), 0.01 * (1 + rng.random() * 0.2)
+
+    policy = TapOutPolicy(TapOutConfig(arms=arms, bandit=bandit, reward=reward, num_tokens=6, seed=3))
+    played = drive(policy, reward_of, 800)
+    last = played[-200:]
+    assert last.count("heuristic") / len(last) >= 0.8
+    assert set(played) == set(arms)  # every arm was explored
+    values = policy.arm_values()
+    assert max(values, key=lambda n: values[n]["mean_reward"]) == "heuristic"
+
+
+def test_tapout_thompson_is_reproducible_with_its_seed():
+    def run(seed):
+        rng = random.Random(0)
+        policy = TapOutPolicy(TapOutConfig(bandit="thompson", seed=seed, num_tokens=4))
+        return drive(policy, lambda name: (rng.randint(0, 3), 0.01), 100)
+
+    assert run(7) == run(7)
+    assert run(7) != run(8)
+
+
+def test_tapout_delegates_to_the_chosen_arm():
+    policy = TapOutPolicy(TapOutConfig(arms=["svip", "heuristic", "adaedl"], num_tokens=7))
+    svip, heuristic, adaedl = policy.arms
+    assert isinstance(svip, SVIPPolicy) and isinstance(heuristic, HeuristicPolicy) and isinstance(adaedl, AdaEDLPolicy)
+    assert heuristic.num_tokens == 7 and svip.config.max_tokens == 40  # num_tokens only fills unset lengths
+
+    # Round 1: svip drafts; its per-token rule decides.
+    assert policy.max_tokens() == 40 and policy.current == 0
+    assert policy.decides_per_token and policy.reads_draft_probs
+    assert policy.keep_drafting(1, probs([0.8, 0.2])) is True
+    assert policy.keep_drafting(1, probs([0.5, 0.5])) is False
+    policy.observe(outcome(3, 3))
+    assert heuristic.num_tokens == 7  # only the arm that drafted learns
+
+    # Round 2: heuristic drafts: its budget, no per-token decision (no host sync), and it learns from the round.
+    assert policy.max_tokens() == 7 and policy.current == 1
+    assert not policy.decides_per_token and not policy.reads_draft_probs
+    assert policy.keep_drafting(1, None) is True
+    policy.observe(outcome(7, 7))
+    assert heuristic.num_tokens == 9
+
+    # Round 3: adaedl drafts and adapts its λ; the others keep theirs.
+    assert policy.max_tokens() == 40 and policy.current == 2
+    assert policy.keep_drafting(1, probs([0.25] * 4)) is False  # bound 0.4734 < 0.5
+    policy.observe(outcome(2, 0))
+    assert adaedl.threshold == pytest.approx(0.501)
+    assert policy.pulls == [1, 1, 1] and policy.history == [0, 1, 2]
+
+
+def test_tapout_default_arms_and_blended_reward():
+    policy = TapOutPolicy()
+    assert policy.arm_names == ["adaedl", "svip", "heuristic"]
+    assert [type(a) for a in policy.arms] == [AdaEDLPolicy, SVIPPolicy, HeuristicPolicy]
+    blended = TapOutPolicy(TapOutConfig(reward="blended"))
+    blended.max_tokens()  # adaedl, budget 40 = L
+    assert blended.reward(outcome(8, 6)) == pytest.approx(0.5 * 6 / 40 + 0.5 * 6 / 8)
+    assert blended.reward(outcome(0, 0)) == 0.0
+    speed = TapOutPolicy()
+    assert speed.reward(outcome(8, 3, seconds=0.5)) == pytest.approx(8.0)
+    assert TapOutPolicy(TapOutConfig(reward="tokens_per_forward")).reward(outcome(8, 3, seconds=0.5)) == 4.0
+
+
+# Config errors name the field.
+
+
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("adaedl", {"threshold": 1.5}, r"`draft_length_kwargs\['threshold'\]` = 1.5 .*\[0, 1\]"),
+        ("adaedl", {"entropy_scale": 0}, r"`draft_length_kwargs\['entropy_scale'\]` = 0 "),
+        ("adaedl", {"beta2": 1.0}, r"`draft_length_kwargs\['beta2'\]` = 1.0 .*\[0, 1\)"),
+        ("adaedl", {"target_acceptance": 0.0}, r"`draft_length_kwargs\['target_acceptance'\]` = 0.0"),
+        ("adaedl", {"max_tokens": 200}, r"`draft_length_kwargs\['max_tokens'\]` = 200 .*\[1, 128\]"),
+        ("adaedl", {"adaptive": "yes"}, r"`draft_length_kwargs\['adaptive'\]` = 'yes' .*type bool"),
+        ("svip", {"threshold": 0}, r"`draft_length_kwargs\['threshold'\]` = 0 .*\(0, inf\)"),
+        ("svip", {"entropy_scale": -1.0}, r"`draft_length_kwargs\['entropy_scale'\]` = -1.0"),
+        ("heuristic", {"initial_tokens": 0}, r"`draft_length_kwargs\['initial_tokens'\]` = 0 "),
+        ("heuristic", {"initial_tokens": 9, "max_tokens": 8}, r"`draft_length_kwargs\['initial_tokens'\]` = 9 .*=8"),
+        ("tapout", {"bandit": "egreedy"}, r"`draft_length_kwargs\['bandit'\]` = 'egreedy' .*\['ucb1', 'thompson'\]"),
+        ("tapout", {"reward": "speed"}, r"`draft_length_kwargs\['reward'\]` = 'speed' .*'tokens_per_second'"),
+        ("tapout", {"arms": ["tapout"]}, r"`draft_length_kwargs\['arms'\]` = \['tapout'\] .*cannot be its own arm"),
+        ("tapout", {"arms": ["adaedl", "fast"]}, r"`draft_length_kwargs\['arms'\]` .*\['fast'\] are not"),
+        ("tapout", {"arms": []}, r"`draft_length_kwargs\['arms'\]` = \[\] .*non-empty list"),
+        ("tapout", {"arms": ["svip", "svip"]}, r"`draft_length_kwargs\['arms'\]` .*each name once"),
+        ("tapout", {"arms": "svip"}, r"`draft_length_kwargs\['arms'\]` = 'svip' .*type list"),
+        ("tapout", {"seed": -1}, r"`draft_length_kwargs\['seed'\]` = -1 "),
+    ],
+)
+def test_bad_options_name_the_field(name, options, message):
+    with pytest.raises(SemSpecConfigError, match=message):
+        POLICIES.build(name, options)
+
+
+def test_bad_options_are_rejected_by_generate(attached, close_draft):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['threshold'\]` = 0 "):
+        attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
+                          draft_length="svip", draft_length_kwargs={"threshold": 0})
+    with pytest.raises(SemSpecConfigError, match=r"unknown option\(s\) \['lambda'\] for 'adaedl'"):
+        attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
+                          draft_length="adaedl", draft_length_kwargs={"lambda": 0.5})
+
+
+# End to end on the tiny models.
+
+
+def run(model, draft, acceptance="exact", **kwargs):
+    return model.generate(prompt(8), assistant_model=draft, acceptance=acceptance, max_new_tokens=24,
+                          min_new_tokens=24, return_dict_in_generate=True, **kwargs)
+
+
+def greedy(model):
+    return type(model).generate(model, prompt(8), do_sample=False, max_new_tokens=24, min_new_tokens=24)
+
+
+@pytest.mark.parametrize("name", NEW_POLICIES)
+@pytest.mark.parametrize("num_assistant_tokens", [None, 3])
+def test_exact_stays_lossless(attached, close_draft, name, num_assistant_tokens):
+    extra = {} if num_assistant_tokens is None else {"num_assistant_tokens": num_assistant_tokens}
+    out = run(attached, close_draft, draft_length=name, **extra)
+    assert torch.equal(out.sequences, greedy(attached))
+    stats = out.acceptance_stats
+    assert stats.num_drafted > 0
+    if num_assistant_tokens is not None and name in ("adaedl", "svip"):
+        assert len(stats.drafted_per_position) <= 3  # num_assistant_tokens caps them
+
+
+@pytest.mark.parametrize("name", NEW_POLICIES)
+def test_fly_runs_with_each_policy(attached, close_draft, name):
+    if "fly" not in hf_semspec.available_rules():
+        pytest.skip("no fly rule registered")
+    out = run(attached, close_draft, acceptance="fly", draft_length=name)
+    assert out.sequences.shape[1] == 8 + 24
+    assert out.acceptance_stats.num_drafted > 0
+
+
+@pytest.mark.parametrize("name", ["adaedl", "svip", "tapout"])
+def test_sampling_runs_with_each_per_token_policy(attached, close_draft, name):
+    out = run(attached, close_draft, draft_length=name, do_sample=True, temperature=0.7, top_k=20)
+    assert out.sequences.shape[1] == 8 + 24
+
+
+def test_per_token_rules_end_rounds_early_end_to_end(attached, close_draft):
+    # A tiny h stops after the first draft of every round; a huge one never stops before the cap.
+    eager = run(attached, close_draft, draft_length="svip", draft_length_kwargs={"threshold": 1e-6, "max_tokens": 6})
+    assert len(eager.acceptance_stats.drafted_per_position) == 1
+    never = run(attached, close_draft, draft_length="svip", draft_length_kwargs={"threshold": 100.0, "max_tokens": 6})
+    assert len(never.acceptance_stats.drafted_per_position) == 6
+    stop_all = run(attached, close_draft, draft_length="adaedl",
+                   draft_length_kwargs={"threshold": 1.0, "adaptive": False, "max_tokens": 6})
+    assert len(stop_all.acceptance_stats.drafted_per_position) == 1  # λ = 1: any H > 0 puts the bound below it
+    for out in (eager, never, stop_all):
+        assert torch.equal(out.sequences, greedy(attached))
+
+
+def test_tapout_instance_learns_across_calls(attached, close_draft):
+    policy = TapOutPolicy(TapOutConfig(bandit="thompson", seed=1))
+    first = run(attached, close_draft, draft_length=policy).acceptance_stats.num_target_forwards
+    second = run(attached, close_draft, draft_length=policy).acceptance_stats.num_target_forwards
+    # every round but each call's first (its time includes the prompt's prefill) updated the bandit
+    assert sum(policy.pulls) == len(policy.history) == first + second - 2
+    assert all(p > 0 for p in policy.pulls)  # each arm was tried
+
+
+def test_tapout_ignores_the_prefill_rounds_time():
+    policy = POLICIES.build("tapout", {"arms": ["constant", "heuristic"], "num_tokens": 4})
+    policy.max_tokens()
+    arm = policy.current
+    policy.observe(RoundOutcome(4, 4, seconds=10.0, includes_prefill=True))
+    assert policy.pulls[arm] == 0 and policy.reward_scale == 0.0  # the bandit learned nothing from it
+    policy.max_tokens()
+    arm = policy.current
+    policy.observe(RoundOutcome(4, 4, seconds=0.5))
+    assert policy.pulls[arm] == 1 and policy.reward_scale == pytest.approx(5 / 0.5)
+
+
+@pytest.mark.parametrize("schedule, carries_over", [("heuristic", True), ("heuristic_transient", False)])
+def test_heuristic_schedule_persists_per_assistant_model_like_transformers(attached, schedule, carries_over):
+    """With the draft equal to the target every round is fully accepted, so the length grows 2 → 4 → … . The
+    'heuristic' schedule starts the next call with the same assistant where the previous call stopped (8 here);
+    'heuristic_transient' starts again from num_assistant_tokens."""
+    from conftest import tiny_llama
+
+    draft = tiny_llama(seed=0)  # the target's weights: everything is accepted
+    kwargs = dict(assistant_model=draft, acceptance="exact", max_new_tokens=12, min_new_tokens=12,
+                  num_assistant_tokens=2, num_assistant_tokens_schedule=schedule, return_dict_in_generate=True)
+    first = attached.generate(prompt(8), **kwargs).acceptance_stats
+    assert len(first.drafted_per_position) == 4  # rounds of 2, 4, then 3 (capped by max_new_tokens)
+    second = attached.generate(prompt(8, seed=1), **kwargs).acceptance_stats
+    assert len(second.drafted_per_position) == (8 if carries_over else 4)

@@ -26,6 +26,7 @@ logger = logging.getLogger(__name__)
 ACCEPTANCE_FIELDS = ("acceptance", "acceptance_kwargs")
 DRAFT_LENGTH_FIELDS = ("draft_length", "draft_length_kwargs")
 SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS + DRAFT_LENGTH_FIELDS
+_REGISTRY_OF_FIELD = {"acceptance": RULES, "draft_length": POLICIES}
 MAX_DRAFT_TOKENS = 128
 
 
@@ -52,7 +53,7 @@ def _resolve_component(
             kwargs_field,
             call_kwargs,
             f"only together with `{name_field}`",
-            f"also pass {name_field}=... (hf_semspec.available_rules() lists the names)",
+            f"also pass {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
         )
     return None, None, None
 

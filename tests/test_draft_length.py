@@ -123,7 +123,7 @@ def test_unknown_policy_and_options(attached, close_draft):
         generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"gamma": 3})
     with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 0"):
         generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"num_tokens": 0})
-    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs`.*only together with `draft_length`"):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs`.*only together with `draft_length`.*available_draft_length_policies"):
         generate(attached, close_draft, draft_length_kwargs={"num_tokens": 3})
 
 

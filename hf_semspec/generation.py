@@ -209,7 +209,7 @@ def generate(
         model (`PreTrainedModel`): the target model.
         assistant_model (`PreTrainedModel`): the draft model; same tokenizer and vocabulary size as `model`.
         acceptance (`str`, *optional*): the verification rule, one of `hf_semspec.available_rules()`, e.g.
-            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`.
+            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`, `"rdk"` (pruned-vocabulary drafters).
         acceptance_kwargs (`dict`, *optional*): options of the rule (its config dataclass), validated before
             decoding starts.
         draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
@@ -241,6 +241,13 @@ def generate(
     rule_name, rule_kwargs, source = _resolve_component(
         acceptance, acceptance_kwargs, ACCEPTANCE_FIELDS, generation_config, model.generation_config
     )
+    if rule_name is None and (draft_length is not None or draft_length_kwargs is not None):
+        raise invalid_value(
+            "draft_length",
+            draft_length,
+            "only together with an acceptance rule (stock assisted generation has its own num_assistant_tokens)",
+            'also pass acceptance="exact" (or another rule), or drop draft_length',
+        )
     if rule_name is None or (assistant_model is None and source == "model"):
         return stock_generate(
             model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs

@@ -142,3 +142,8 @@ def test_draft_in_other_dtype_works(attached):
     out = attached.generate(ids, assistant_model=draft, acceptance="exact", max_new_tokens=10)
     plain = type(attached).generate(attached, ids, do_sample=False, max_new_tokens=10)
     assert torch.equal(out, plain)
+
+
+def test_draft_length_without_acceptance(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length` = 'heuristic'.*only together with an acceptance rule"):
+        generate(no_forward, draft_length="heuristic")

@@ -1,0 +1,215 @@
+"""The decoding methods compared, and one timed `generate()` call of a method on a prompt.
+
+- `plain`: the target alone (stock `generate()`).
+- `stock_assisted`: transformers' own assisted generation with the same draft. Stock reads γ from the *draft's*
+  generation config (it ignores `num_assistant_tokens` passed to `generate()`), so we set it there, with a constant
+  schedule. Its other defaults are kept (notably `assistant_confidence_threshold`, which stops a round's drafting
+  early when the draft is unsure) unless `--stock-confidence-threshold` says otherwise.
+- `semspec:<rule>`: hf_semspec's loop with that acceptance rule, for every rule registered when the run starts;
+  with `--draft-lengths`, one method per rule and draft-length policy: `semspec:<rule>/<policy>[:<n>]`, where `n`
+  is passed as `num_assistant_tokens` (the policy's fixed length, initial length or cap).
+
+Both baselines call the *class* method `type(target).generate`, which bypasses the instance override installed by
+`hf_semspec.attach()`.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+import hf_semspec
+from hf_semspec.draft_length import POLICIES
+from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.rules import RULES, AcceptanceRule
+
+from .data import Prompt
+from .metrics import ForwardMeter, new_token_ids
+from .models import ModelPair
+
+PLAIN = "plain"
+STOCK = "stock_assisted"
+SEMSPEC_PREFIX = "semspec:"
+# Requirements the speculative loop itself satisfies for any draft model (it passes q and the target's hidden states).
+REQUIREMENTS_THE_LOOP_MEETS = {"requires_draft_probs", "requires_target_hidden_states"}
+
+
+@dataclass
+class Method:
+    """One decoding method. `gamma` is the `num_assistant_tokens` passed (None: plain, or the policy's default);
+    `draft_length` the draft-length policy (None: hf_semspec's default, `constant`)."""
+
+    name: str
+    kind: str  # "plain" | "stock" | "semspec"
+    gamma: int | None = None
+    rule: str | None = None
+    rule_kwargs: dict = field(default_factory=dict)
+    draft_length: str | None = None
+
+    def describe(self) -> dict:
+        return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
+                "rule_kwargs": self.rule_kwargs, "draft_length": self.draft_length}
+
+
+def parse_draft_lengths(text: str | None) -> list[tuple[str, int | None]] | None:
+    """`"constant:5,adaedl,tapout:16"` → `[("constant", 5), ("adaedl", None), ("tapout", 16)]`; None stays None."""
+    if not text:
+        return None
+    specs = []
+    for item in (part.strip() for part in text.split(",") if part.strip()):
+        name, _, number = item.partition(":")
+        if name not in POLICIES:
+            raise ValueError(
+                f"--draft-lengths: unknown policy {name!r} in {item!r}: registered policies are {POLICIES.names()}")
+        if number and not number.isdigit():
+            raise ValueError(f"--draft-lengths: {item!r} must be <policy> or <policy>:<tokens>, e.g. constant:8")
+        specs.append((name, int(number) if number else None))
+    return specs
+
+
+def rule_skip_reason(rule: AcceptanceRule, draft: torch.nn.Module, do_sample: bool) -> str | None:
+    """Why a registered rule cannot run with this draft and decoding mode, from what the rule declares; None if it can.
+
+    - `supports_greedy` / `supports_sampling` false for the requested mode;
+    - the rule's `check_assistant_model(draft)` (if the rule has one) raising `SemSpecConfigError`, e.g. `rdk`, which
+      needs a pruned-vocabulary drafter with a kernel;
+    - a truthy `requires_*` class attribute that the loop does not satisfy by itself for a plain draft model.
+    Anything else (a bad option, a crash while decoding) is an error and fails the run.
+    """
+    mode = "do_sample=True" if do_sample else "do_sample=False"
+    if not (rule.supports_sampling if do_sample else rule.supports_greedy):
+        return f"the rule does not define {mode}"
+    check = getattr(rule, "check_assistant_model", None)
+    if callable(check):
+        try:
+            check(draft)
+        except SemSpecConfigError as error:
+            return f"it cannot run with this draft model: {error}"
+    for attribute in sorted(a for a in dir(type(rule)) if a.startswith("requires_")):
+        if attribute not in REQUIREMENTS_THE_LOOP_MEETS and getattr(type(rule), attribute) is True:
+            return f"the rule declares {attribute} = True, which a plain draft model ({type(draft).__name__}) does not meet"
+    return None
+
+
+def build_methods(
+    rules: list[str] | None,
+    acceptance_kwargs: dict[str, dict],
+    num_assistant_tokens: int | None,
+    do_sample: bool,
+    draft: torch.nn.Module,
+    draft_lengths: list[tuple[str, int | None]] | None = None,
+) -> tuple[list[Method], dict[str, str]]:
+    """The methods to run, in a fixed order, and `{rule: reason}` for the registered rules that are skipped.
+
+    `rules=None` means every rule registered now. γ: `num_assistant_tokens` if given, else each rule's
+    `default_num_draft_tokens`; stock assisted uses the `exact` rule's default (standard speculative decoding).
+    `draft_lengths` (policy, tokens) pairs give one method per rule and pair instead of the default policy.
+    """
+    registered = hf_semspec.available_rules()
+    names = registered if rules is None else rules
+    unknown = [n for n in names if n not in registered] + [n for n in acceptance_kwargs if n not in names]
+    if unknown:
+        raise ValueError(f"unknown or unselected rule(s) {unknown}: registered rules are {registered}")
+    exact_gamma = RULES.get("exact").default_num_draft_tokens if "exact" in registered else AcceptanceRule.default_num_draft_tokens
+    methods = [Method(PLAIN, "plain"), Method(STOCK, "stock", gamma=num_assistant_tokens or exact_gamma)]
+    skipped = {}
+    for name in names:
+        rule_cls = RULES.get(name)
+        kwargs = dict(acceptance_kwargs.get(name, {}))
+        rule = RULES.build(name, kwargs)  # a bad option is the user's error: it raises now, before any model runs
+        reason = rule_skip_reason(rule, draft, do_sample)
+        if reason is not None:
+            skipped[name] = reason
+            continue
+        if draft_lengths is None:
+            gamma = num_assistant_tokens or rule_cls.default_num_draft_tokens
+            methods.append(Method(SEMSPEC_PREFIX + name, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs))
+            continue
+        for policy, tokens in draft_lengths:
+            label = f"{SEMSPEC_PREFIX}{name}/{policy}" + (f":{tokens}" if tokens else "")
+            methods.append(Method(label, "semspec", gamma=tokens, rule=name, rule_kwargs=kwargs, draft_length=policy))
+    return methods, skipped
+
+
+def rotated(methods: list[Method], index: int) -> list[Method]:
+    """The methods in a rotating order for prompt `index`, so slow drift of the machine hits every method alike."""
+    k = index % len(methods)
+    return methods[k:] + methods[:k]
+
+
+def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int, do_sample: bool,
+             stock_confidence_threshold: float | None = None):
+    """One `generate()` call of `method`; returns the `return_dict_in_generate` output."""
+    target, draft = pair.target, pair.draft
+    common = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, return_dict_in_generate=True)
+    if method.kind == "plain":
+        return type(target).generate(target, **inputs, **common)
+    if method.kind == "stock":
+        draft.generation_config.num_assistant_tokens = method.gamma
+        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        if stock_confidence_threshold is not None:
+            draft.generation_config.assistant_confidence_threshold = stock_confidence_threshold
+        return type(target).generate(target, **inputs, assistant_model=draft, **common)
+    return target.generate(
+        **inputs,
+        assistant_model=draft,
+        acceptance=method.rule,
+        acceptance_kwargs=method.rule_kwargs,
+        num_assistant_tokens=method.gamma,
+        draft_length=method.draft_length,
+        **common,
+    )
+
+
+@dataclass
+class Meters:
+    """Forward counters/timers on the target and the draft, installed for the whole run."""
+
+    target: ForwardMeter
+    draft: ForwardMeter
+
+    def reset(self) -> None:
+        self.target.reset()
+        self.draft.reset()
+
+
+def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, meters: Meters, eos_ids: list[int],
+              do_sample: bool, seed: int | None, stock_confidence_threshold: float | None = None) -> dict:
+    """Runs `method` on `prompt` once and returns its per-prompt record (timing, tokens, forwards, text).
+
+    With sampling, the RNG is seeded with `seed` right before the call, the same seed for every method on a prompt.
+    """
+    gc.collect()  # a collection inside the timed region would be charged to whichever method was unlucky
+    meters.reset()
+    if seed is not None:
+        torch.manual_seed(seed)
+    start = time.perf_counter()
+    out = generate(method, pair, inputs, prompt.max_new_tokens, do_sample, stock_confidence_threshold)
+    wall = time.perf_counter() - start
+    prompt_length = inputs["input_ids"].shape[1]
+    ids = new_token_ids(out.sequences, prompt_length, eos_ids)
+    stats = getattr(out, "acceptance_stats", None)
+    forwards = meters.target.calls
+    return {
+        "prompt_id": prompt.prompt_id,
+        "category": prompt.category,
+        "method": method.name,
+        "gamma": method.gamma,
+        "seed": seed,
+        "prompt_tokens": prompt_length,
+        "max_new_tokens": prompt.max_new_tokens,
+        "new_tokens": len(ids),
+        "new_token_ids": ids,
+        "wall_s": wall,
+        "tokens_per_s": len(ids) / wall,
+        "target_forwards": forwards,
+        "tau": len(ids) / forwards if forwards else 0.0,
+        "draft_forwards": meters.draft.calls,
+        "target_forward_s": meters.target.seconds,
+        "draft_forward_s": meters.draft.seconds,
+        "acceptance_stats": stats.to_dict() if stats is not None else None,
+        "text": pair.decode(ids),
+    }

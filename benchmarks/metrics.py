@@ -1,0 +1,257 @@
+"""What is measured, defined once for every method: new tokens, target forwards, GSM8K answers, speed-up ratios.
+
+- `new_token_ids` / `count_new_tokens`: the ONE token counter (generated ids after the prompt, up to and including
+  the first EOS if one was emitted).
+- `ForwardMeter`: counts (and times) the forward calls of a model with hooks, so τ = new tokens / target forwards is
+  counted the same way for plain (τ = 1 by construction), stock assisted and hf_semspec.
+- `parse_final_number`: the final number of a model's GSM8K answer.
+- `ratio_summary` / `aggregate`: per-prompt speed-up ratios summarized by median and geometric mean.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from decimal import Decimal, InvalidOperation
+
+import torch
+
+from hf_semspec.stats import AcceptanceStats
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Tokens and forwards
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def new_token_ids(sequences: torch.Tensor, prompt_length: int, eos_token_ids: Iterable[int] = ()) -> list[int]:
+    """Generated ids after the prompt, cut after the first EOS (kept: it was generated, and it costs a forward).
+
+    `sequences` is `(1, length)` or `(length,)`; ids after an EOS (padding, in batched outputs) are not counted.
+    """
+    row = sequences[0] if sequences.dim() == 2 else sequences
+    if row.shape[0] < prompt_length:
+        raise ValueError(f"output of {row.shape[0]} ids is shorter than the prompt ({prompt_length})")
+    ids = row[prompt_length:].tolist()
+    eos = set(eos_token_ids)
+    for i, token in enumerate(ids):
+        if token in eos:
+            return ids[: i + 1]
+    return ids
+
+
+def count_new_tokens(sequences: torch.Tensor, prompt_length: int, eos_token_ids: Iterable[int] = ()) -> int:
+    """Number of new tokens, as defined by `new_token_ids`; used for every method."""
+    return len(new_token_ids(sequences, prompt_length, eos_token_ids))
+
+
+def eos_ids_of(model: torch.nn.Module) -> list[int]:
+    """The EOS ids of a model's generation config (an int, a list, or none)."""
+    eos = model.generation_config.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+class ForwardMeter:
+    """Counts the top-level forward calls of `model` and the wall time spent inside them.
+
+    A forward pre-hook counts the call and starts a clock, a forward hook stops it. Whatever calls the model — stock
+    `generate()`, transformers' assisted decoding, hf_semspec's loop — goes through `module.__call__`, so every
+    method is counted the same way. Use as a context manager (hooks removed on exit); `reset()` between runs.
+    """
+
+    def __init__(self, model: torch.nn.Module):
+        self.model = model
+        self.calls = 0
+        self.seconds = 0.0
+        self._started: float | None = None
+        self._handles: list = []
+
+    def reset(self) -> None:
+        self.calls, self.seconds, self._started = 0, 0.0, None
+
+    def _pre_hook(self, module, args) -> None:
+        self.calls += 1
+        self._started = time.perf_counter()
+
+    def _post_hook(self, module, args, output) -> None:
+        if self._started is not None:
+            self.seconds += time.perf_counter() - self._started
+            self._started = None
+
+    def __enter__(self) -> "ForwardMeter":
+        self._handles = [
+            self.model.register_forward_pre_hook(self._pre_hook),
+            self.model.register_forward_hook(self._post_hook),
+        ]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GSM8K answers
+# ---------------------------------------------------------------------------------------------------------------------
+
+# A number: optional sign and `$`, thousands separators, decimals. The sign counts only when it is not glued to a
+# word or digit before it, so "16-3-4=9" reads 16, 3, 4, 9 and not 16, -3, -4, 9. U+2212 (−) is a minus too.
+_NUMBER = re.compile(
+    r"(?<![\w.])(?P<sign>[-−]?)\\?\$?(?P<sign2>[-−]?)"
+    r"(?P<body>\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+(?:\.\d+)?|\.\d+)(?!\d)"
+)
+_FRACTION = re.compile(r"\\d?frac\{\s*(-?\d+(?:\.\d+)?)\s*\}\{\s*(-?\d+(?:\.\d+)?)\s*\}")
+_ANSWER_MARKER = re.compile(r"(?:final\s+answer|answer\s*(?:is|:|=|would\s+be|will\s+be))", re.IGNORECASE)
+
+
+def normalize_number(text: str) -> str | None:
+    """The last number in `text` as a canonical string ("1,234.50" → "1234.5", "18.00" → "18"), or None."""
+    matches = list(_NUMBER.finditer(text))
+    if not matches:
+        return None
+    m = matches[-1]
+    negative = bool(m.group("sign") or m.group("sign2"))
+    return _canonical(("-" if negative else "") + m.group("body").replace(",", ""))
+
+
+def _canonical(number: str) -> str | None:
+    try:
+        value = Decimal(number)
+    except InvalidOperation:
+        return None
+    if value == value.to_integral_value():
+        return str(int(value))
+    return format(value.normalize(), "f")
+
+
+def _last_boxed(text: str) -> str | None:
+    """Content of the last `\\boxed{...}` (nested braces allowed), or None."""
+    start = text.rfind("\\boxed{")
+    if start < 0:
+        return None
+    depth, i = 0, start + len("\\boxed")
+    for j in range(i, len(text)):
+        if text[j] == "{":
+            depth += 1
+        elif text[j] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[i + 1 : j]
+    return text[i + 1 :]  # unclosed (output cut by max_new_tokens): take what is there
+
+
+def parse_final_number(text: str) -> str | None:
+    """The final numeric answer of a model's text, canonical (see `normalize_number`), or None.
+
+    Priority: the last `\\boxed{...}` (a `\\frac{a}{b}` in it is a/b); then the number after the last `####`; then
+    the first number after the last "answer is" / "answer:" / "final answer"; else the last number in the text.
+    Commas, `$`, `%`, trailing periods, negative (also −) and decimal numbers are handled.
+    """
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        fraction = _FRACTION.search(boxed)
+        if fraction and Decimal(fraction.group(2)) != 0:
+            return _canonical(str(Decimal(fraction.group(1)) / Decimal(fraction.group(2))))
+        value = normalize_number(boxed)
+        if value is not None:
+            return value
+    for marker in (re.compile(r"####"), _ANSWER_MARKER):
+        found = list(marker.finditer(text))
+        if found:
+            first = _NUMBER.search(text, found[-1].end())
+            if first is not None:
+                return normalize_number(first.group(0))
+    return normalize_number(text)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def geometric_mean(values: Sequence[float]) -> float:
+    if not values or any(v <= 0 for v in values):
+        raise ValueError(f"geometric mean needs positive values, got {list(values)}")
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def ratio_summary(ratios: Sequence[float]) -> dict | None:
+    """Median and geometric mean of per-prompt ratios (the geomean is the right mean of ratios: a 2× and a 0.5×
+    average to 1×), with min/max/n; None when there are none."""
+    if not ratios:
+        return None
+    return {
+        "median": statistics.median(ratios),
+        "geomean": geometric_mean(ratios),
+        "min": min(ratios),
+        "max": max(ratios),
+        "n": len(ratios),
+    }
+
+
+def add_per_prompt_ratios(records: list[dict], plain: str = "plain", stock: str = "stock_assisted") -> None:
+    """Sets `speedup_vs_plain` / `speedup_vs_stock` on every record: its tokens/s over the baseline's tokens/s on the
+    same prompt (None when the baseline did not run), and `identical_to_plain` (token-identical to plain's output)."""
+    by_prompt: dict[str, dict[str, dict]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt_id"], {})[r["method"]] = r
+    for r in records:
+        same_prompt = by_prompt[r["prompt_id"]]
+        for key, baseline in (("speedup_vs_plain", plain), ("speedup_vs_stock", stock)):
+            base = same_prompt.get(baseline)
+            r[key] = r["tokens_per_s"] / base["tokens_per_s"] if base else None
+        base = same_prompt.get(plain)
+        r["identical_to_plain"] = (r["new_token_ids"] == base["new_token_ids"]) if base else None
+
+
+def acceptance_from_dict(d: dict) -> AcceptanceStats:
+    """Rebuilds `AcceptanceStats` from its `to_dict()` (counts only; the rates are derived)."""
+    fields = AcceptanceStats.__dataclass_fields__
+    return AcceptanceStats(**{k: d[k] for k in fields})
+
+
+def summarize_records(records: list[dict]) -> dict:
+    """Aggregates of one method over some prompts (all, or one category)."""
+    new_tokens = sum(r["new_tokens"] for r in records)
+    wall = sum(r["wall_s"] for r in records)
+    forwards = sum(r["target_forwards"] for r in records)
+    accepted = [acceptance_from_dict(r["acceptance_stats"]) for r in records if r.get("acceptance_stats")]
+    merged = sum(accepted[1:], accepted[0]) if accepted else None
+    identical = [r["identical_to_plain"] for r in records if r.get("identical_to_plain") is not None]
+    graded = [r["gsm8k"]["correct"] for r in records if r.get("gsm8k")]
+    return {
+        "prompts": len(records),
+        "new_tokens": new_tokens,
+        "wall_s": wall,
+        "tokens_per_s": new_tokens / wall if wall else 0.0,
+        "speedup_vs_plain": ratio_summary([r["speedup_vs_plain"] for r in records if r.get("speedup_vs_plain")]),
+        "speedup_vs_stock": ratio_summary([r["speedup_vs_stock"] for r in records if r.get("speedup_vs_stock")]),
+        # τ over the prompts: ratio of sums (a long answer weighs in by its number of forwards, as in the papers).
+        "target_forwards": forwards,
+        "tau": new_tokens / forwards if forwards else 0.0,
+        "tau_per_prompt_median": statistics.median([r["tau"] for r in records]) if records else None,
+        "acceptance": merged.to_dict() if merged is not None else None,
+        "identical_to_plain": sum(identical) / len(identical) if identical else None,
+        "gsm8k_accuracy": sum(graded) / len(graded) if graded else None,
+        "gsm8k_graded": len(graded),
+        "model_seconds": {
+            "target_forward": sum(r["target_forward_s"] for r in records),
+            "draft_forward": sum(r["draft_forward_s"] for r in records),
+        },
+    }
+
+
+def aggregate(records: list[dict], method_names: list[str]) -> dict:
+    """`{"overall": {method: summary}, "per_category": {category: {method: summary}}}`."""
+    categories = list(dict.fromkeys(r["category"] for r in records))
+    overall = {m: summarize_records([r for r in records if r["method"] == m]) for m in method_names}
+    per_category = {
+        c: {m: summarize_records([r for r in records if r["method"] == m and r["category"] == c]) for m in method_names}
+        for c in categories
+    }
+    return {"overall": overall, "per_category": per_category}

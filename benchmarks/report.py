@@ -1,0 +1,231 @@
+"""Outputs: machine info, the JSON results file, the Markdown tables and the (optional) PNG plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+import hf_semspec
+
+from .data import REPO_ROOT
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Machine and software
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    """The CPU model name from /proc/cpuinfo (Linux), else `platform.processor()`."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> dict:
+    """HEAD of the repository and whether the work tree has changes (read-only git commands)."""
+
+    def git(*args: str) -> str | None:
+        try:
+            return subprocess.run(
+                ["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, check=True, timeout=30
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            return None
+
+    status = git("status", "--porcelain")
+    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(status) if status is not None else None}
+
+
+def machine_info() -> dict:
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1_5_15": load,
+        "environment": {k: os.environ.get(k) for k in ("MKL_CBWR", "OMP_WAIT_POLICY", "OMP_NUM_THREADS")},
+        "platform": platform.platform(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "hf_semspec": hf_semspec.__version__,
+        "git": git_commit(),
+    }
+
+
+def write_json(path: Path, results: dict) -> None:
+    path.write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Markdown
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _fmt(value, spec: str = ".2f", missing: str = "N/A") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def _load(load) -> str:
+    return "N/A" if load is None else "/".join(f"{x:.1f}" for x in load)
+
+
+def _speedup(summary: dict | None) -> str:
+    if summary is None:
+        return "N/A"
+    return f"{summary['median']:.2f}× / {summary['geomean']:.2f}×"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
+    return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+def _drafted_per_round(gamma: int | None, acceptance: dict | None) -> str:
+    """The γ a method was given, and, from hf_semspec's statistics, how many tokens it drafted per round."""
+    given = _fmt(gamma, "d", "-")
+    if not acceptance or not acceptance.get("num_target_forwards"):
+        return given
+    return f"{given} ({acceptance['num_drafted'] / acceptance['num_target_forwards']:.1f})"
+
+
+def render_markdown(results: dict) -> str:
+    """The report: the overall table (one row per method), per-category τ and speed-up, acceptance per draft
+    position, and the time breakdown."""
+    config, machine, agg = results["config"], results["machine"], results["aggregates"]
+    methods = [m["name"] for m in results["methods"]]
+    gamma = {m["name"]: m["gamma"] for m in results["methods"]}
+    mode = f"sampling, seed {config['seed']}" if config["sample"] else "greedy"
+    lines = [
+        f"# hf_semspec benchmark: `{config['profile']}` profile, `{config['pair']}` pair",
+        "",
+        f"- Target `{results['models']['target']}`, draft `{results['models']['draft']}` "
+        f"({results['models'].get('target_dtype', '?')} / {results['models'].get('draft_dtype', '?')}); {mode}.",
+        f"- Machine: {machine['cpu_model']}, {machine['cpu_cores']} cores, {machine['torch_threads']} torch threads, "
+        + ", ".join(f"{k}={v}" for k, v in machine["environment"].items() if v is not None)
+        + f"; load average (1/5/15 min) at start {_load(machine['load_average_1_5_15'])}, "
+        f"at end {_load(results.get('load_average_end'))}.",
+        f"- Versions: python {machine['python']}, torch {machine['torch']}, transformers {machine['transformers']}, "
+        f"hf_semspec {machine['hf_semspec']}, commit {str(machine['git']['commit'])[:12]}"
+        f"{' (dirty)' if machine['git']['dirty'] else ''}.",
+        f"- Prompts: {results['selection']['summary']}. Methods interleaved per prompt in a rotating order; each "
+        "warmed up once before timing.",
+        f"- Wall time of the run: {results['timing']['total_s']:.0f} s (timed generations "
+        f"{results['timing']['timed_generations_s']:.0f} s).",
+    ]
+    if results["skipped_rules"]:
+        for rule, reason in results["skipped_rules"].items():
+            lines.append(f"- Skipped rule `{rule}`: {reason}.")
+    lines += [
+        "",
+        "Speed-up = per-prompt ratio of tokens/s, shown as median / geometric mean over prompts. τ = new tokens per "
+        "target forward (forwards counted by a hook on the target, identically for every method). Acceptance = "
+        "accepted / drafted draft tokens (hf_semspec's statistics; N/A for stock). Identical = fraction of outputs "
+        "token-identical to plain's on the same prompt.",
+        "",
+        "## Overall",
+        "",
+    ]
+    rows = []
+    for m in methods:
+        s = agg["overall"][m]
+        acceptance = s["acceptance"]["acceptance_rate"] if s["acceptance"] else None
+        gsm8k = f"{s['gsm8k_accuracy']:.2f} ({s['gsm8k_graded']})" if s["gsm8k_accuracy"] is not None else "N/A"
+        rows.append([
+            f"`{m}`", _drafted_per_round(gamma[m], s["acceptance"]), str(s["prompts"]), str(s["new_tokens"]), _fmt(s["tokens_per_s"]),
+            _speedup(s["speedup_vs_plain"]), _speedup(s["speedup_vs_stock"]), _fmt(s["tau"]),
+            _fmt(acceptance), _fmt(s["identical_to_plain"]), gsm8k,
+        ])
+    lines += _table(
+        ["method", "γ (drafted/round)", "prompts", "new tokens", "tok/s", "speed-up vs plain", "speed-up vs stock", "τ",
+         "acceptance", "identical", "GSM8K acc. (n)"],
+        rows,
+    )
+    lines += ["", "## Per category: τ / median speed-up vs plain", ""]
+    rows = []
+    for category, per_method in agg["per_category"].items():
+        row = [category]
+        for m in methods:
+            s = per_method[m]
+            median = s["speedup_vs_plain"]["median"] if s["speedup_vs_plain"] else None
+            row.append(f"{s['tau']:.2f} / {_fmt(median)}×" if s["prompts"] else "-")
+        rows.append(row)
+    lines += _table(["category"] + [f"`{m}`" for m in methods], rows)
+    positions = max((len(agg["overall"][m]["acceptance"]["per_position_acceptance"])
+                     for m in methods if agg["overall"][m]["acceptance"]), default=0)
+    if positions:
+        lines += ["", "## Acceptance per draft position", "",
+                  "P(draft positions 1..i all accepted | position i was drafted), from hf_semspec's statistics "
+                  "(N/A for plain and stock assisted: transformers does not report it).", ""]
+        rows = []
+        for m in methods:
+            acc = agg["overall"][m]["acceptance"]
+            if acc is None:
+                continue
+            values = acc["per_position_acceptance"]
+            rows.append([f"`{m}`"] + [_fmt(values[i]) if i < len(values) else "" for i in range(positions)])
+        lines += _table(["method"] + [str(i + 1) for i in range(positions)], rows)
+    if results.get("breakdown"):
+        lines += ["", "## Where the time goes (first prompt, each method's warm-up run)", "",
+                  "Share of the call's wall time. hf_semspec methods: torch.profiler ranges of the decoding loop; "
+                  "plain / stock: forward timers on the two models (stock has no hf_semspec ranges).", ""]
+        rows = []
+        for m, b in results["breakdown"].items():
+            share = b["share"]
+            rows.append([f"`{m}`", _fmt(b["wall_s"], ".1f")] + [
+                _fmt(None if share[k] is None else 100 * share[k], ".0f", "-") + ("%" if share[k] is not None else "")
+                for k in ("draft", "target_forward", "verify", "logits_processors", "rest")
+            ] + [b["source"]])
+        lines += _table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
+                         "source"], rows)
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Plot (matplotlib is optional)
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def write_plot(path: Path, results: dict) -> bool:
+    """Bar charts of the geometric-mean speed-up vs plain and of τ per method. Returns False (after saying how to
+    install it) when matplotlib is missing; the JSON and Markdown outputs do not depend on it."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print(f"matplotlib is not installed: no plot written ({path.name}). Install it with "
+              "`python -m pip install matplotlib` to get one; the JSON and Markdown results are complete.")
+        return False
+    agg = results["aggregates"]["overall"]
+    methods = [m["name"] for m in results["methods"]]
+    speedups = [agg[m]["speedup_vs_plain"]["geomean"] if agg[m]["speedup_vs_plain"] else 0.0 for m in methods]
+    taus = [agg[m]["tau"] for m in methods]
+    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(methods)), 4.5))
+    for ax, values, title in ((axes[0], speedups, "speed-up vs plain (geomean of per-prompt ratios)"),
+                              (axes[1], taus, "τ: new tokens per target forward")):
+        bars = ax.bar(range(len(methods)), values, color="tab:blue")
+        ax.set_xticks(range(len(methods)), [m.replace("semspec:", "semspec:\n").replace("_", "\n") for m in methods], fontsize=8)
+        ax.axhline(1.0, color="gray", linewidth=0.8, linestyle="--")
+        ax.set_title(title, fontsize=10)
+        ax.bar_label(bars, fmt="%.2f", fontsize=8)
+    config = results["config"]
+    fig.suptitle(f"hf_semspec {config['profile']} benchmark, {config['pair']} pair "
+                 f"({results['machine']['cpu_model']}, {results['machine']['torch_threads']} threads)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True

@@ -1,0 +1,374 @@
+"""Benchmark hf_semspec against plain and stock assisted decoding on Spec-Bench and GSM8K.
+
+    python benchmarks/run.py                          # quick profile, Qwen2.5-Coder 1.5B target / 0.5B draft
+    python benchmarks/run.py --pair smollm2           # SmolLM2-135M as target and draft (CI-sized)
+    python benchmarks/run.py --profile full           # all 480 Spec-Bench prompts, longer outputs (GPU / long run)
+    python benchmarks/run.py --rules exact,fly --acceptance-kwargs '{"fly": {"window": 4}}'
+    python benchmarks/run.py --sample --seed 0        # sampling, same seed per prompt for every method
+
+Methods (all in one run, on the same prompts, interleaved per prompt in a rotating order): `plain` (the target
+alone), `stock_assisted` (transformers' assisted generation with the same draft) and `semspec:<rule>` for every
+acceptance rule registered when the run starts (rules that cannot run with this draft are skipped with the reason).
+Writes <output-dir>/<name>.json (everything), .md (tables) and .png (plot, if matplotlib is installed).
+"""
+
+from __future__ import annotations
+
+import os
+
+# Before torch is imported (read once, at start-up):
+os.environ.setdefault("MKL_CBWR", "AUTO")  # measured: cheaper multi-token verify forwards on this CPU
+# Idle OpenMP threads sleep instead of spinning. On this shared 2-core machine, other processes' load made 2 spinning
+# threads 6-10x slower (SmolLM2, 32 tokens: 14-27 s ACTIVE vs 2.2-2.6 s PASSIVE, load average ~5). Override it in
+# the environment for a quiet machine if ACTIVE measures faster there; the value is recorded in the results.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402
+import gc  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from dataclasses import asdict, dataclass, replace  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+
+import hf_semspec  # noqa: E402
+from hf_semspec.draft_length import POLICIES  # noqa: E402
+from benchmarks import data, methods as methods_lib, metrics, models, profiling, report  # noqa: E402
+
+DEFAULT_OUTPUT_DIR = data.REPO_ROOT / "benchmarks" / "results"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What a profile runs. `per_category=None`: every prompt of every category; `max_prompt_chars=None`: no cap."""
+
+    per_category: int | None
+    selection: str
+    max_prompt_chars: int | None
+    max_new_tokens: int
+    gsm8k: int
+    gsm8k_selection: str
+    gsm8k_max_new_tokens: int
+    profile_breakdown: bool
+
+
+PROFILES = {
+    # Sized to finish in < 15 min on the qwen pair with 6 methods on this 2-core CPU (estimate: ~12-13 min quiet).
+    # The budget is ~1.7 s per new token (6 methods at ~3.5 tok/s) and ~0.5 s per prompt token (the fp32 target
+    # prefills at ~36 tok/s, the bf16 draft at only ~14 tok/s, for 5 of the 6 methods), so:
+    # - one prompt per category, the shortest, and only prompts of <= 300 characters: this drops the long-input
+    #   categories (extraction, summarization, rag: rag's shortest prompt alone is 741 tokens, ~6.5 min of prefill);
+    # - 16 new tokens per Spec-Bench prompt;
+    # - 1 GSM8K problem, the one with the shortest reference solution, with 256 tokens to reach a \boxed{} answer
+    #   (each GSM8K problem costs ~3-4 min across the 6 methods; with 192 tokens, Qwen2.5-Coder-1.5B's greedy
+    #   step-by-step answer to that problem was cut a few tokens before its result).
+    "quick": Profile(per_category=1, selection="shortest", max_prompt_chars=300, max_new_tokens=16, gsm8k=1,
+                     gsm8k_selection="shortest", gsm8k_max_new_tokens=256, profile_breakdown=True),
+    # Everything, outputs cut at 256 tokens; meant for a GPU or a long run.
+    "full": Profile(per_category=None, selection="first", max_prompt_chars=None, max_new_tokens=256, gsm8k=200,
+                    gsm8k_selection="first", gsm8k_max_new_tokens=384, profile_breakdown=False),
+}
+
+# A-priori throughput (tokens/s) for the estimate printed before a run: plain decoding, the target's prefill, the
+# draft's prefill by draft dtype. Measured on this 2-core CPU (qwen; scaled from runs under load), rough for smollm2.
+# Speculative methods are assumed no faster than plain, so the estimate is an upper bound.
+ASSUMED_RATES = {
+    "qwen": {"decode": 3.5, "prefill": 36.0, "draft_prefill": {"bfloat16": 14.0, "float32": 100.0, "float16": 14.0}},
+    "smollm2": {"decode": 15.0, "prefill": 300.0, "draft_prefill": {"bfloat16": 100.0, "float32": 700.0, "float16": 100.0}},
+}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Command line
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python benchmarks/run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--profile", choices=sorted(PROFILES), default="quick", help="what to run (default: quick)")
+    p.add_argument("--pair", choices=models.PAIR_NAMES, default="qwen",
+                   help="qwen: Qwen2.5-Coder 1.5B target / 0.5B draft (default); smollm2: SmolLM2-135M as both")
+    p.add_argument("--rules", default=None,
+                   help="comma-separated acceptance rules (default: every registered rule: "
+                        f"{','.join(hf_semspec.available_rules())})")
+    p.add_argument("--acceptance-kwargs", type=json.loads, default={},
+                   help='JSON object of options per rule, e.g. \'{"ears": {"beta": 0.2}}\'')
+    p.add_argument("--num-assistant-tokens", type=int, default=None,
+                   help="γ for every speculative method (default: each rule's default; stock: exact's default)")
+    p.add_argument("--draft-lengths", default=None,
+                   help="comma-separated draft-length policies, each optionally with :<num_assistant_tokens>, e.g. "
+                        "'constant:3,constant:8,heuristic,adaedl,tapout'; one method per rule and entry (default: "
+                        f"the constant policy at each rule's γ). Registered: {','.join(POLICIES.names())}")
+    p.add_argument("--stock-confidence-threshold", type=float, default=None,
+                   help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
+                        "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
+    p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (use with --seed)")
+    p.add_argument("--seed", type=int, default=0, help="sampling seed; prompt i uses seed + i for every method")
+    p.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR,
+                   help=f"folder with {data.SPECBENCH_FILE} and {data.GSM8K_FILE} (default: ../shared/data/ "
+                        "relative to the repository root)")
+    p.add_argument("--prompts", type=Path, default=None,
+                   help="JSONL of prompts instead of Spec-Bench: Spec-Bench records or {\"prompt\": ...}")
+    p.add_argument("--prompts-per-category", type=int, default=None, help="override the profile's count")
+    p.add_argument("--selection", choices=("shortest", "spread", "first"), default=None,
+                   help="which prompts of a category (default: the profile's)")
+    p.add_argument("--max-prompt-chars", type=int, default=None,
+                   help="leave out prompts longer than this (default: the profile's, 300 in quick; 0 = no cap)")
+    p.add_argument("--limit", type=int, default=None, help="at most this many Spec-Bench/custom prompts")
+    p.add_argument("--max-new-tokens", type=int, default=None, help="override the profile's (Spec-Bench/custom)")
+    p.add_argument("--gsm8k", type=int, default=None, help="number of GSM8K problems (default: the profile's)")
+    p.add_argument("--gsm8k-selection", choices=("first", "shortest"), default=None,
+                   help="first problems in file order, or those with the shortest reference solutions (default: "
+                        "the profile's: shortest in quick, first in full)")
+    p.add_argument("--gsm8k-max-new-tokens", type=int, default=None, help="override the profile's")
+    p.add_argument("--profile-breakdown", action=argparse.BooleanOptionalAction, default=None,
+                   help="profile each method's warm-up run on the first prompt (default: on in quick, off in full)")
+    p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, help="default: benchmarks/results/")
+    p.add_argument("--name", default=None,
+                   help="output file stem (default: the profile, plus -<pair> for a pair other than qwen)")
+    p.add_argument("--cache-dir", default=None, help="model cache (default: $HF_SEMSPEC_CACHE or ~/.cache/hf_semspec)")
+    p.add_argument("--draft-dtype", choices=sorted(models.DTYPES), default="bfloat16",
+                   help="draft weights' dtype (default bfloat16: faster than float32 on this CPU)")
+    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    return p
+
+
+def resolve_profile(args: argparse.Namespace) -> Profile:
+    """The profile with the command line's overrides applied."""
+    profile = PROFILES[args.profile]
+    overrides = {
+        "per_category": args.prompts_per_category,
+        "selection": args.selection,
+        "max_new_tokens": args.max_new_tokens,
+        "gsm8k": args.gsm8k,
+        "gsm8k_selection": args.gsm8k_selection,
+        "gsm8k_max_new_tokens": args.gsm8k_max_new_tokens,
+        "profile_breakdown": args.profile_breakdown,
+    }
+    profile = replace(profile, **{k: v for k, v in overrides.items() if v is not None})
+    if args.max_prompt_chars is not None:
+        profile = replace(profile, max_prompt_chars=args.max_prompt_chars or None)
+    return profile
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Steps
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[data.Prompt], str]:
+    """Spec-Bench (or `--prompts`) selected per profile, then GSM8K; and a one-line summary of the selection."""
+    source = args.prompts if args.prompts is not None else args.data_dir / data.SPECBENCH_FILE
+    pool = data.load_question_prompts(source, profile.max_new_tokens)
+    pool, dropped = data.drop_long(pool, profile.max_prompt_chars)
+    chosen = data.select_balanced(pool, profile.per_category, profile.selection)
+    if args.limit is not None:
+        chosen = chosen[: args.limit]
+    gsm8k = data.load_gsm8k(args.data_dir / data.GSM8K_FILE, profile.gsm8k, profile.gsm8k_max_new_tokens,
+                            profile.gsm8k_selection)
+    categories = data.categories_in_order(chosen)
+    per = "all" if profile.per_category is None else profile.per_category
+    cap = f", prompts <= {profile.max_prompt_chars} characters" if profile.max_prompt_chars else ""
+    summary = (
+        f"{len(chosen)} from {source.name} ({per} per category, `{profile.selection}` selection{cap}; "
+        f"{len(categories)} categories, max_new_tokens={profile.max_new_tokens}) + {len(gsm8k)} GSM8K "
+        f"(`{profile.gsm8k_selection}` selection, max_new_tokens={profile.gsm8k_max_new_tokens})"
+    )
+    if dropped:
+        summary += f"; categories with no prompt under the length cap, left out: {', '.join(dropped)}"
+    return chosen + gsm8k, summary
+
+
+def estimate_seconds(prompt_tokens: list[int], max_new_tokens: list[int], num_methods: int, rates: dict) -> float:
+    """A-priori wall time of running every method once on each prompt: every method decodes the prompt's full
+    budget at plain speed (an upper bound for methods that are faster than plain), after a prefill of the prompt by
+    the target and, for the num_methods - 1 speculative methods, by the draft."""
+    total = 0.0
+    for p, n in zip(prompt_tokens, max_new_tokens):
+        plain = p / rates["prefill"] + n / rates["decode"]
+        total += plain + (num_methods - 1) * (plain + p / rates["draft_prefill"])
+    return total
+
+
+def warm_up_and_profile(method_list, pair, prompt, inputs, meters, eos_ids, args, breakdown: bool) -> tuple[dict, dict]:
+    """Step 5: every method runs once on the first prompt before anything is timed. With `breakdown`, that run is
+    under torch.profiler and gives the time breakdown (so profiling costs no extra generation)."""
+    # One tiny call first, so that process-wide one-time costs (allocator, kernels) land on no method's profile.
+    methods_lib.generate(method_list[0], pair, inputs, 2, args.sample)
+    warmups, breakdowns = {}, {}
+    for method in tqdm(method_list, desc="warm-up" + (" + profile" if breakdown else ""), unit="method"):
+        def run(method=method):
+            return methods_lib.timed_run(method, pair, prompt, inputs, meters, eos_ids, args.sample,
+                                         args.seed if args.sample else None, args.stock_confidence_threshold)
+        if not breakdown:
+            warmups[method.name] = run()
+            continue
+        record, totals_us, _ = profiling.profiled(run)
+        warmups[method.name] = record
+        if method.kind == "semspec":
+            breakdowns[method.name] = profiling.breakdown_from_ranges(record["wall_s"], totals_us)
+        else:
+            breakdowns[method.name] = profiling.breakdown_from_meters(
+                record["wall_s"], record["target_forward_s"], record["draft_forward_s"])
+    return warmups, breakdowns
+
+
+def timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args) -> list[dict]:
+    """Step 6: for each prompt, every method once, in a rotating order. A failure raises (no prompt is skipped)."""
+    records = []
+    bar = tqdm(total=len(prompts) * len(method_list), desc="generations", unit="gen")
+    for index, prompt in enumerate(prompts):
+        seed = args.seed + index if args.sample else None
+        for order, method in enumerate(methods_lib.rotated(method_list, index)):
+            bar.set_postfix_str(f"{prompt.category} / {method.name}")
+            record = methods_lib.timed_run(method, pair, prompt, encoded[prompt.prompt_id], meters, eos_ids,
+                                           args.sample, seed, args.stock_confidence_threshold)
+            record["order"] = order
+            if prompt.gold is not None:
+                predicted = metrics.parse_final_number(record["text"])
+                record["gsm8k"] = {"gold": prompt.gold, "predicted": predicted, "correct": predicted == prompt.gold}
+            records.append(record)
+            bar.update(1)
+    bar.close()
+    return records
+
+
+def output_stem(args: argparse.Namespace) -> str:
+    if args.name:
+        return args.name
+    return args.profile if args.pair == "qwen" else f"{args.profile}-{args.pair}"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Main flow
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPair] = models.load_pair) -> dict:
+    """Runs the benchmark and writes its outputs; returns the results dict. `load_pair(pair, cache_dir=...,
+    draft_dtype=...)` is injectable (tests pass tiny models)."""
+    run_start = time.perf_counter()
+    args = build_parser().parse_args(argv)
+    profile = resolve_profile(args)
+    torch.set_num_threads(args.threads)
+    machine = report.machine_info()
+
+    # 1. Prompts and method options first (cheap, and a bad value fails before minutes of model loading).
+    draft_lengths = methods_lib.parse_draft_lengths(args.draft_lengths)
+    prompts, selection_summary = select_prompts(args, profile)
+    if not prompts:
+        raise ValueError("no prompts selected: check --limit / --gsm8k / the prompts file")
+    print(f"Prompts: {selection_summary}", flush=True)
+
+    # 2. Models.
+    load_start = time.perf_counter()
+    pair = load_pair(args.pair, cache_dir=args.cache_dir, draft_dtype=args.draft_dtype)
+    if pair.target is pair.draft:
+        raise ValueError("target and draft must be two model instances (forwards are counted per instance)")
+    load_s = time.perf_counter() - load_start
+    print(f"Loaded target {pair.target_name} and draft {pair.draft_name} in {load_s:.0f} s", flush=True)
+
+    # 3. Methods: plain, stock assisted, and every rule registered now that can run with this draft.
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    method_list, skipped = methods_lib.build_methods(
+        rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
+        draft_lengths)
+    for rule, reason in skipped.items():
+        print(f"Skipping rule {rule!r}: {reason}", flush=True)
+    print("Methods: " + ", ".join(f"{m.name}" + (f" (γ={m.gamma})" if m.gamma else "") for m in method_list),
+          flush=True)
+
+    hf_semspec.attach(pair.target)
+    eos_ids = metrics.eos_ids_of(pair.target)
+    # Everything alive now (models, libraries) is moved out of the collector's sight: the `gc.collect()` before each
+    # timed call then scans only what generation creates (0.5 s per call here otherwise).
+    gc.collect()
+    gc.freeze()
+    try:
+        with metrics.ForwardMeter(pair.target) as target_meter, metrics.ForwardMeter(pair.draft) as draft_meter:
+            meters = methods_lib.Meters(target_meter, draft_meter)
+
+            # 4. Encode every prompt once, and estimate the time before starting.
+            encoded = {p.prompt_id: pair.encode(p.text) for p in prompts}
+            prompt_tokens = [encoded[p.prompt_id]["input_ids"].shape[1] for p in prompts]
+            budgets = [p.max_new_tokens for p in prompts]
+            assumed = ASSUMED_RATES.get(args.pair, ASSUMED_RATES["qwen"])
+            rates = {**assumed, "draft_prefill": assumed["draft_prefill"][args.draft_dtype]}
+            # the timed loop plus the warm-up, which runs every method on the first prompt
+            warmup_estimate = estimate_seconds(prompt_tokens[:1], budgets[:1], len(method_list), rates)
+            estimate = estimate_seconds(prompt_tokens, budgets, len(method_list), rates) + warmup_estimate
+            print(f"Plan: {len(prompts)} prompts x {len(method_list)} methods = {len(prompts) * len(method_list)} "
+                  f"timed generations ({sum(prompt_tokens)} prompt tokens, up to {sum(budgets)} new tokens per "
+                  f"method). Estimate: <= {estimate / 60:.1f} min (assuming {rates['decode']} tok/s plain decoding, "
+                  f"prefill at {rates['prefill']} tok/s (target) and {rates['draft_prefill']} tok/s "
+                  f"({args.draft_dtype} draft), no speed-up).", flush=True)
+
+            # 5. Warm-up (and the time breakdown) on the first prompt.
+            first = prompts[0]
+            warmups, breakdowns = warm_up_and_profile(
+                method_list, pair, first, encoded[first.prompt_id], meters, eos_ids, args, profile.profile_breakdown)
+            # How fast is the machine right now compared with the assumed rates? Scale the a-priori estimate of the
+            # timed loop by the warm-up's measured / estimated wall time (a shared machine varies a lot).
+            speed_factor = sum(w["wall_s"] for w in warmups.values()) / warmup_estimate
+            refined = (estimate - warmup_estimate) * speed_factor
+            print(f"The warm-up took {speed_factor:.2f}x its estimate: the timed loop should take <= "
+                  f"{refined / 60:.1f} min.", flush=True)
+
+            # 6. The timed loop.
+            loop_start = time.perf_counter()
+            records = timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args)
+            loop_s = time.perf_counter() - loop_start
+    finally:
+        gc.unfreeze()
+        hf_semspec.detach(pair.target)
+
+    # 7. Per-prompt ratios and aggregates.
+    names = [m.name for m in method_list]
+    metrics.add_per_prompt_ratios(records)
+    aggregates = metrics.aggregate(records, names)
+    for r in records:
+        del r["new_token_ids"]  # compared above; the text stays in the results
+
+    # 8. Outputs.
+    results = {
+        "config": {**vars(args), "profile_settings": asdict(profile), "assumed_rates": rates},
+        "machine": machine,
+        "load_average_end": os.getloadavg() if hasattr(os, "getloadavg") else None,
+        "models": {"target": pair.target_name, "draft": pair.draft_name, **pair.info},
+        "methods": [m.describe() for m in method_list],
+        "skipped_rules": skipped,
+        "selection": {"summary": selection_summary, "prompt_ids": [p.prompt_id for p in prompts],
+                      "prompt_tokens": dict(zip([p.prompt_id for p in prompts], prompt_tokens))},
+        "timing": {"load_s": load_s, "timed_generations_s": loop_s, "estimate_s": estimate,
+                   "estimate_from_warmup_s": refined, "warmup_speed_factor": speed_factor,
+                   "total_s": time.perf_counter() - run_start},
+        "breakdown": breakdowns,
+        "warmup": {name: {k: w[k] for k in ("new_tokens", "wall_s", "tokens_per_s", "tau")}
+                   for name, w in warmups.items()},
+        "aggregates": aggregates,
+        "records": records,
+    }
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    stem = output_stem(args)
+    markdown = report.render_markdown(results)
+    report.write_json(args.output_dir / f"{stem}.json", results)
+    (args.output_dir / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    plotted = report.write_plot(args.output_dir / f"{stem}.png", results)
+    print("\n" + markdown)
+    written = [f"{stem}.json", f"{stem}.md"] + ([f"{stem}.png"] if plotted else [])
+    print(f"Wrote {', '.join(written)} to {args.output_dir} "
+          f"(total {results['timing']['total_s'] / 60:.1f} min)", flush=True)
+    return results
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,451 @@
+"""The benchmark harness (`benchmarks/`): its parsing, counting and aggregation, and one tiny end-to-end run.
+
+No real model and no timing assertion: the end-to-end run uses tiny random Llama models from `conftest` and a fake
+tokenizer injected through `run.main(load_pair=...)`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
+    sys.path.insert(0, str(REPO_ROOT))
+
+import hf_semspec  # noqa: E402
+from benchmarks import data, methods, metrics, models, report, run  # noqa: E402
+from hf_semspec.errors import SemSpecConfigError  # noqa: E402
+from hf_semspec.rules import RULES  # noqa: E402
+from hf_semspec.rules.exact import ExactRule  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------------------------------
+# GSM8K final-number parser
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("The answer is 18.", "18"),
+        ("She makes $1,234.50 per week.", "1234.5"),
+        ("So the total is \\boxed{\\$1,000}.", "1000"),
+        ("First \\boxed{18}. Hmm, or maybe 20 if we count twice.", "18"),  # boxed wins over the last number
+        ("\\boxed{\\text{\\$}18}", "18"),  # nested braces
+        ("\\boxed{18 \\text{ dollars}}", "18"),
+        ("\\boxed{\\frac{3}{4}}", "0.75"),
+        ("The temperature drops to -3.5 degrees.", "-3.5"),
+        ("It ends at −7 (unicode minus).", "-7"),
+        ("16-3-4=9 eggs are left", "9"),  # hyphens between numbers are not signs
+        ("Janet sells 16 - 3 - 4 = 9 duck eggs.\n#### 18", "18"),  # GSM8K reference format
+        ("The final answer is: 42. Check: 6 * 7 = 42, in 3 steps.", "42"),  # the marker beats the last number
+        ("Answer: 5,000,000", "5000000"),
+        ("It costs 0.50 dollars.", "0.5"),
+        ("The price rose 60%.", "60"),
+        ("Total: 18.00", "18"),
+        ("We need .5 cups", "0.5"),
+        ("The answer is -$12.", "-12"),
+        ("There are no numbers here.", None),
+        ("", None),
+        ("\\boxed{72", "72"),  # cut by max_new_tokens inside the box
+    ],
+)
+def test_parse_final_number(text, expected):
+    assert metrics.parse_final_number(text) == expected
+
+
+def test_gsm8k_gold_uses_the_same_normalization():
+    assert data.gsm8k_gold("Natalia sold 48/2 = <<48/2=24>>24 clips.\n#### 1,072") == "1072"
+    with pytest.raises(ValueError, match="####"):
+        data.gsm8k_gold("no marker 5")
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Token and forward counting
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_token_counter_counts_after_the_prompt_up_to_and_including_eos():
+    prompt = [5, 6, 7]
+    assert metrics.count_new_tokens(torch.tensor([prompt + [10, 11, 12]]), 3, eos_token_ids=[2]) == 3
+    assert metrics.new_token_ids(torch.tensor([prompt + [10, 2]]), 3, [2]) == [10, 2]  # EOS counted
+    assert metrics.new_token_ids(torch.tensor([prompt + [10, 2, 0, 0]]), 3, [2]) == [10, 2]  # padding after EOS not
+    assert metrics.new_token_ids(torch.tensor([prompt + [2]]), 3, [9, 2]) == [2]  # any of several EOS ids
+    assert metrics.count_new_tokens(torch.tensor(prompt + [10]), 3) == 1  # 1-D sequences
+    assert metrics.count_new_tokens(torch.tensor([prompt]), 3) == 0
+    with pytest.raises(ValueError, match="shorter than the prompt"):
+        metrics.count_new_tokens(torch.tensor([[1, 2]]), 3)
+
+
+def test_forward_meter_counts_calls_and_removes_its_hooks():
+    layer = torch.nn.Linear(2, 2)
+    with metrics.ForwardMeter(layer) as meter:
+        for _ in range(3):
+            layer(torch.zeros(1, 2))
+        assert meter.calls == 3 and meter.seconds >= 0
+        meter.reset()
+        layer(input=torch.zeros(1, 2))  # keyword-only calls are counted too
+        assert meter.calls == 1
+    layer(torch.zeros(1, 2))
+    assert meter.calls == 1  # hooks removed on exit
+
+
+def test_plain_greedy_makes_one_target_forward_per_new_token():
+    model = tiny_llama(seed=0)
+    with metrics.ForwardMeter(model) as meter:
+        out = model.generate(torch.tensor([[5, 6, 7, 8]]), max_new_tokens=6, min_new_tokens=6, do_sample=False)
+    new = metrics.count_new_tokens(out, 4)
+    assert new == 6 and meter.calls == new  # τ = 1 by construction
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Aggregation
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_ratio_summary_worked_numbers():
+    s = metrics.ratio_summary([2.0, 0.5, 1.0])  # a 2x and a 0.5x average to 1x: the geometric mean says so
+    assert s["median"] == 1.0 and s["geomean"] == pytest.approx(1.0) and s["n"] == 3
+    s = metrics.ratio_summary([1.0, 2.0, 4.0, 8.0])
+    assert s["median"] == 3.0 and s["geomean"] == pytest.approx(math.sqrt(8)) and (s["min"], s["max"]) == (1.0, 8.0)
+    assert metrics.ratio_summary([]) is None
+    with pytest.raises(ValueError):
+        metrics.geometric_mean([1.0, 0.0])
+
+
+def _record(prompt_id, method, new_tokens, wall_s, forwards, category="qa", ids=None, acceptance=None, gsm8k=None):
+    return {
+        "prompt_id": prompt_id, "category": category, "method": method, "new_tokens": new_tokens, "wall_s": wall_s,
+        "tokens_per_s": new_tokens / wall_s, "target_forwards": forwards, "tau": new_tokens / forwards,
+        "target_forward_s": 0.0, "draft_forward_s": 0.0, "new_token_ids": ids if ids is not None else [1] * new_tokens,
+        "acceptance_stats": acceptance, "gsm8k": gsm8k,
+    }
+
+
+def test_per_prompt_ratios_tau_and_identity():
+    stats_a = hf_semspec.AcceptanceStats(4, 20, 8, 12, [4, 4, 4, 4, 4], [3, 2, 1, 1, 1]).to_dict()
+    stats_b = hf_semspec.AcceptanceStats(2, 10, 10, 12, [2, 2, 2, 2, 2], [2, 2, 2, 2, 2]).to_dict()
+    records = [
+        # prompt p1: plain 10 tok in 10 s (1 tok/s); stock 10 tok in 5 s (2 tok/s); exact 12 tok in 3 s (4 tok/s)
+        _record("p1", "plain", 10, 10.0, 10, ids=[1, 2]),
+        _record("p1", "stock_assisted", 10, 5.0, 4, ids=[1, 2]),
+        _record("p1", "semspec:exact", 12, 3.0, 4, ids=[1, 2], acceptance=stats_a),
+        # prompt p2: plain 2 tok/s; stock 2 tok/s; exact 2 tok/s, but a different output
+        _record("p2", "plain", 20, 10.0, 20, ids=[3]),
+        _record("p2", "stock_assisted", 20, 10.0, 10, ids=[3]),
+        _record("p2", "semspec:exact", 12, 6.0, 2, ids=[4], acceptance=stats_b),
+    ]
+    metrics.add_per_prompt_ratios(records)
+    exact = [r for r in records if r["method"] == "semspec:exact"]
+    assert [r["speedup_vs_plain"] for r in exact] == [4.0, 1.0]
+    assert [r["speedup_vs_stock"] for r in exact] == [2.0, 1.0]
+    assert [r["identical_to_plain"] for r in exact] == [True, False]
+
+    agg = metrics.aggregate(records, ["plain", "stock_assisted", "semspec:exact"])["overall"]
+    assert agg["plain"]["tau"] == 1.0 and agg["plain"]["speedup_vs_plain"]["geomean"] == 1.0
+    assert agg["stock_assisted"]["tau"] == pytest.approx(30 / 14)  # Σ new tokens / Σ counted forwards
+    assert agg["semspec:exact"]["tau"] == pytest.approx(24 / 6)
+    assert agg["semspec:exact"]["speedup_vs_plain"]["median"] == pytest.approx(2.5)
+    assert agg["semspec:exact"]["speedup_vs_plain"]["geomean"] == pytest.approx(2.0)
+    assert agg["semspec:exact"]["identical_to_plain"] == 0.5
+    merged = agg["semspec:exact"]["acceptance"]  # AcceptanceStats merged with `+` over the prompts
+    assert merged["num_drafted"] == 30 and merged["num_accepted"] == 18
+    assert merged["per_position_acceptance"] == pytest.approx([5 / 6, 4 / 6, 3 / 6, 3 / 6, 3 / 6])
+    assert agg["stock_assisted"]["acceptance"] is None  # N/A for stock
+
+
+def test_gsm8k_accuracy_aggregate():
+    records = [
+        _record("g1", "plain", 5, 1.0, 5, category="gsm8k", gsm8k={"gold": "3", "predicted": "3", "correct": True}),
+        _record("g2", "plain", 5, 1.0, 5, category="gsm8k", gsm8k={"gold": "4", "predicted": None, "correct": False}),
+    ]
+    metrics.add_per_prompt_ratios(records)
+    summary = metrics.aggregate(records, ["plain"])["per_category"]["gsm8k"]["plain"]
+    assert summary["gsm8k_accuracy"] == 0.5 and summary["gsm8k_graded"] == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Prompt selection
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def _pool():
+    lengths = {"writing": [30, 10, 20, 40], "qa": [5, 15], "rag": [300, 100, 200]}
+    return [
+        data.Prompt(f"{c}:{i}", c, "x" * n, max_new_tokens=8)
+        for c, ns in lengths.items()
+        for i, n in enumerate(ns)
+    ]
+
+
+def test_selection_is_balanced_deterministic_and_round_robin():
+    chosen = data.select_balanced(_pool(), 2, "shortest")
+    assert [p.prompt_id for p in chosen] == ["writing:1", "qa:0", "rag:1", "writing:2", "qa:1", "rag:2"]
+    assert chosen == data.select_balanced(_pool(), 2, "shortest")  # deterministic
+    assert [p.prompt_id for p in data.select_balanced(_pool(), 1, "first")] == ["writing:0", "qa:0", "rag:0"]
+    assert [p.prompt_id for p in data.select_balanced(_pool(), 2, "spread")] == [
+        "writing:0", "qa:0", "rag:0", "writing:2", "qa:1", "rag:1"]
+    everything = data.select_balanced(_pool(), None, "first")
+    assert sorted(p.prompt_id for p in everything) == sorted(p.prompt_id for p in _pool())
+    # A category with fewer prompts than asked gives what it has; the others are not cut to match.
+    assert [p.category for p in data.select_balanced(_pool(), 3, "first")].count("qa") == 2
+    with pytest.raises(ValueError, match="strategy"):
+        data.select_balanced(_pool(), 1, "random")
+
+
+@pytest.mark.skipif(not (data.DEFAULT_DATA_DIR / data.SPECBENCH_FILE).exists(), reason="no ../shared/data here")
+def test_quick_profile_selection_on_spec_bench():
+    args = run.build_parser().parse_args(["--profile", "quick"])
+    profile = run.resolve_profile(args)
+    prompts, summary = run.select_prompts(args, profile)
+    specbench = [p for p in prompts if p.category != data.GSM8K_CATEGORY]
+    counts = {c: [p.category for p in specbench].count(c) for c in data.categories_in_order(specbench)}
+    # 13 categories less the long-input ones, which have no prompt under the length cap (and say so)
+    assert len(counts) == 10 and set(counts.values()) == {profile.per_category}
+    assert all(len(p.text) <= profile.max_prompt_chars for p in specbench)
+    assert "left out: extraction, summarization, rag" in summary
+    assert [p.prompt_id for p in prompts] == [p.prompt_id for p in run.select_prompts(args, profile)[0]]
+    gsm8k = [p for p in prompts if p.category == data.GSM8K_CATEGORY]
+    assert len(gsm8k) == profile.gsm8k and all(p.gold for p in gsm8k)
+    assert all(p.max_new_tokens == profile.gsm8k_max_new_tokens for p in gsm8k)
+    # without the cap, every category is there
+    args = run.build_parser().parse_args(["--profile", "quick", "--max-prompt-chars", "0"])
+    assert "13 categories" in run.select_prompts(args, run.resolve_profile(args))[1]
+
+
+def test_length_cap_and_gsm8k_selection(tmp_path):
+    kept, dropped = data.drop_long(_pool(), 50)
+    assert {p.category for p in kept} == {"writing", "qa"} and dropped == ["rag"]
+    assert data.drop_long(_pool(), None) == (_pool(), [])
+    write_tiny_data(tmp_path)
+    path = tmp_path / data.GSM8K_FILE
+    assert [p.prompt_id for p in data.load_gsm8k(path, 2, 8)] == ["gsm8k:0", "gsm8k:1"]
+    shortest = data.load_gsm8k(path, 1, 8, selection="shortest")
+    assert [(p.prompt_id, p.gold) for p in shortest] == [("gsm8k:1", "16")]
+    assert data.GSM8K_INSTRUCTION in shortest[0].text
+    assert data.load_gsm8k(path, 0, 8) == []
+    with pytest.raises(ValueError, match="only 2"):
+        data.load_gsm8k(path, 3, 8)
+
+
+def test_custom_prompt_file_formats(tmp_path):
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"prompt": "hello"}\n\n{"prompt": "bye", "category": "greet"}\n'
+                    '{"question_id": 7, "category": "qa", "turns": ["first", "second"]}\n')
+    prompts = data.load_question_prompts(path, max_new_tokens=5)
+    assert [(p.category, p.text) for p in prompts] == [("custom", "hello"), ("greet", "bye"), ("qa", "first")]
+    assert prompts[2].prompt_id == "mine:7"
+    path.write_text('{"text": "no prompt field"}\n')
+    with pytest.raises(ValueError, match="neither"):
+        data.load_question_prompts(path, 5)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Methods
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def test_rule_skip_reasons_come_from_what_the_rule_declares():
+    draft = tiny_llama(seed=1)
+
+    class GreedyLess(ExactRule):
+        supports_greedy = False
+
+    class NeedsSomething(ExactRule):
+        requires_pruned_drafter = True
+
+    class RefusesDraft(ExactRule):
+        def check_assistant_model(self, assistant_model):
+            raise SemSpecConfigError("needs a kernel")
+
+    assert methods.rule_skip_reason(ExactRule(), draft, do_sample=False) is None
+    assert "do_sample=False" in methods.rule_skip_reason(GreedyLess(), draft, do_sample=False)
+    assert methods.rule_skip_reason(GreedyLess(), draft, do_sample=True) is None
+    assert "requires_pruned_drafter" in methods.rule_skip_reason(NeedsSomething(), draft, do_sample=False)
+    assert "needs a kernel" in methods.rule_skip_reason(RefusesDraft(), draft, do_sample=False)
+
+
+def test_methods_order_gamma_and_rotation():
+    draft = tiny_llama(seed=1)
+    built, skipped = methods.build_methods(["exact"], {}, None, False, draft)
+    assert [m.name for m in built] == ["plain", "stock_assisted", "semspec:exact"] and not skipped
+    exact_default = RULES.get("exact").default_num_draft_tokens
+    assert built[1].gamma == built[2].gamma == exact_default and built[0].gamma is None
+    built, _ = methods.build_methods(["exact"], {}, 3, False, draft)
+    assert [m.gamma for m in built] == [None, 3, 3]
+    assert [m.name for m in methods.rotated(built, 1)] == ["stock_assisted", "semspec:exact", "plain"]
+    assert methods.rotated(built, 3) == built
+    with pytest.raises(ValueError, match="unknown"):
+        methods.build_methods(["no_such_rule"], {}, None, False, draft)
+    with pytest.raises(ValueError, match="unselected"):
+        methods.build_methods(["exact"], {"fly": {}}, None, False, draft)
+
+
+def test_draft_length_specs_expand_each_rule():
+    assert methods.parse_draft_lengths(None) is None
+    assert methods.parse_draft_lengths("constant:3, adaedl,tapout:16") == [("constant", 3), ("adaedl", None), ("tapout", 16)]
+    with pytest.raises(ValueError, match=r"unknown policy 'fast'"):
+        methods.parse_draft_lengths("fast")
+    with pytest.raises(ValueError, match=r"'constant:x' must be <policy> or <policy>:<tokens>"):
+        methods.parse_draft_lengths("constant:x")
+    built, _ = methods.build_methods(["exact", "fly"], {}, None, False, tiny_llama(seed=1),
+                                     [("constant", 3), ("adaedl", None)])
+    assert [m.name for m in built] == ["plain", "stock_assisted", "semspec:exact/constant:3", "semspec:exact/adaedl",
+                                       "semspec:fly/constant:3", "semspec:fly/adaedl"]
+    assert [(m.gamma, m.draft_length) for m in built[2:4]] == [(3, "constant"), (None, "adaedl")]
+
+
+def test_end_to_end_with_draft_length_policies(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
+            "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "exact",
+            "--draft-lengths", "constant:2,svip", "--no-profile-breakdown"]
+    threads = torch.get_num_threads()
+    try:
+        results = run.main(argv, load_pair=tiny_pair)
+    finally:
+        torch.set_num_threads(threads)
+    overall = results["aggregates"]["overall"]
+    for name in ("semspec:exact/constant:2", "semspec:exact/svip"):
+        assert overall[name]["identical_to_plain"] == 1.0  # every policy keeps exact lossless
+    assert len(overall["semspec:exact/constant:2"]["acceptance"]["drafted_per_position"]) == 2
+    assert "γ (drafted/round)" in (tmp_path / "out" / "quick.md").read_text()
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# End to end on tiny models
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def tiny_pair(pair: str, **_options) -> models.ModelPair:
+    """Tiny random Llamas and a fake tokenizer (characters → ids; ids → digits, so GSM8K parsing has numbers)."""
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, scale=0.3, seed=2)
+
+    def encode(text: str) -> dict:
+        ids = torch.tensor([[4 + ord(c) % 120 for c in text[:12]]])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    return models.ModelPair(target, draft, encode, lambda ids: " ".join(str(i % 10) for i in ids),
+                            "tiny-target", "tiny-draft", {"target_dtype": "float32", "draft_dtype": "float32"})
+
+
+def write_tiny_data(folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    questions = [
+        {"question_id": 1, "category": "writing", "turns": ["Write a long poem about the sea.", "Again."]},
+        {"question_id": 2, "category": "writing", "turns": ["A haiku."]},
+        {"question_id": 3, "category": "qa", "turns": ["Who wrote Hamlet?"]},
+        {"question_id": 4, "category": "qa", "turns": ["Why is the sky blue, in detail?"]},
+    ]
+    (folder / data.SPECBENCH_FILE).write_text("".join(json.dumps(q) + "\n" for q in questions))
+    problems = [{"question": "What is 2 + 3?", "answer": "2 + 3 = 5\n#### 5"},
+                {"question": "What is 4 * 4?", "answer": "#### 16"}]
+    (folder / data.GSM8K_FILE).write_text("".join(json.dumps(p) + "\n" for p in problems))
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("bench")
+    write_tiny_data(folder / "data")
+    argv = ["--profile", "quick", "--data-dir", str(folder / "data"), "--output-dir", str(folder / "out"),
+            "--max-new-tokens", "8", "--gsm8k", "1", "--gsm8k-max-new-tokens", "8",
+            "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        yield run.main(argv, load_pair=tiny_pair), folder / "out"
+    finally:
+        torch.set_num_threads(threads)  # main() sets the process's thread count; leave other tests as they were
+
+
+def test_end_to_end_every_registered_rule_appears(tiny_run):
+    results, _ = tiny_run
+    ran = {m["rule"] for m in results["methods"] if m["kind"] == "semspec"}
+    assert ran | set(results["skipped_rules"]) == set(hf_semspec.available_rules())
+    assert not ran & set(results["skipped_rules"])
+    assert "exact" in ran and all(results["skipped_rules"].values())  # every skip has its reason
+    names = [m["name"] for m in results["methods"]]
+    assert names[:2] == ["plain", "stock_assisted"]
+    # 2 Spec-Bench prompts (one per category, the shortest) + 1 GSM8K, each run by every method once
+    assert results["selection"]["prompt_ids"] == ["specbench_question:2", "specbench_question:3", "gsm8k:1"]
+    assert len(results["records"]) == 3 * len(names)
+    for prompt_id in results["selection"]["prompt_ids"]:
+        assert sorted(r["method"] for r in results["records"] if r["prompt_id"] == prompt_id) == sorted(names)
+
+
+def test_end_to_end_exact_is_identical_to_plain_and_plain_tau_is_one(tiny_run):
+    results, _ = tiny_run
+    overall = results["aggregates"]["overall"]
+    assert overall["plain"]["tau"] == 1.0
+    assert all(r["tau"] == 1.0 for r in results["records"] if r["method"] == "plain")
+    assert overall["semspec:exact"]["identical_to_plain"] == 1.0
+    assert overall["plain"]["identical_to_plain"] == 1.0
+    for r in results["records"]:
+        if r["acceptance_stats"] is not None:  # the hook counts the same forwards as hf_semspec's own statistics
+            assert r["target_forwards"] == r["acceptance_stats"]["num_target_forwards"]
+            assert r["new_tokens"] == r["acceptance_stats"]["num_new_tokens"]
+    gsm8k = [r for r in results["records"] if r["category"] == "gsm8k"]
+    assert all(r["gsm8k"]["gold"] == "16" for r in gsm8k)
+    assert overall["plain"]["gsm8k_graded"] == 1
+
+
+def test_end_to_end_outputs_and_breakdown(tiny_run):
+    results, out = tiny_run
+    names = [m["name"] for m in results["methods"]]
+    saved = json.loads((out / "quick.json").read_text())
+    assert saved["machine"]["cpu_model"] and saved["machine"]["torch"] == torch.__version__
+    assert saved["config"]["profile_settings"]["max_new_tokens"] == 8
+    markdown = (out / "quick.md").read_text()
+    for name in names:
+        assert f"`{name}`" in markdown
+    assert set(results["breakdown"]) == set(names)  # quick profiles every method's warm-up
+    for name, b in results["breakdown"].items():
+        if name.startswith("semspec:"):
+            assert b["seconds"]["target_forward"] > 0 and b["seconds"]["draft"] > 0
+            assert sum(b["share"].values()) == pytest.approx(1.0, abs=0.05)
+
+
+def test_report_renders_every_method(tiny_run):
+    results, _ = tiny_run
+    markdown = report.render_markdown(results)
+    overall = markdown.split("## Overall", 1)[1].split("##", 1)[0]
+    for method in results["methods"]:
+        assert f"| `{method['name']}` |" in overall
+
+
+def test_a_failing_generation_fails_the_run(tmp_path, monkeypatch):
+    write_tiny_data(tmp_path / "data")
+    real = methods.generate
+    calls = []
+
+    def failing(method, *args, **kwargs):
+        calls.append(method.name)
+        if calls.count("semspec:exact") == 2:  # the first call is its warm-up; the second, a timed prompt
+            raise RuntimeError("boom")
+        return real(method, *args, **kwargs)
+
+    monkeypatch.setattr(methods, "generate", failing)
+    argv = ["--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--rules", "exact",
+            "--max-new-tokens", "8", "--gsm8k", "0", "--limit", "1", "--no-profile-breakdown",
+            "--threads", "1"]
+    threads = torch.get_num_threads()
+    try:
+        with pytest.raises(RuntimeError, match="boom"):
+            run.main(argv, load_pair=tiny_pair)
+    finally:
+        torch.set_num_threads(threads)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_cli_help_runs_as_a_script():
+    result = subprocess.run([sys.executable, "benchmarks/run.py", "--help"], cwd=REPO_ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "--pair" in result.stdout and "--profile" in result.stdout and "--gsm8k" in result.stdout

@@ -48,10 +48,12 @@ class Method:
     rule: str | None = None
     rule_kwargs: dict = field(default_factory=dict)
     draft_length: str | None = None
+    uses_pruned_draft: bool = False  # the pair's pruned-vocabulary drafter instead of its draft (rdk)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
-                "rule_kwargs": self.rule_kwargs, "draft_length": self.draft_length}
+                "rule_kwargs": self.rule_kwargs, "draft_length": self.draft_length,
+                "draft": "pruned_draft" if self.uses_pruned_draft else "draft"}
 
 
 def parse_draft_lengths(text: str | None) -> list[tuple[str, int | None]] | None:
@@ -101,12 +103,14 @@ def build_methods(
     do_sample: bool,
     draft: torch.nn.Module,
     draft_lengths: list[tuple[str, int | None]] | None = None,
+    pruned_draft: torch.nn.Module | None = None,
 ) -> tuple[list[Method], dict[str, str]]:
     """The methods to run, in a fixed order, and `{rule: reason}` for the registered rules that are skipped.
 
     `rules=None` means every rule registered now. γ: `num_assistant_tokens` if given, else each rule's
     `default_num_draft_tokens`; stock assisted uses the `exact` rule's default (standard speculative decoding).
-    `draft_lengths` (policy, tokens) pairs give one method per rule and pair instead of the default policy.
+    `draft_lengths` (policy, tokens) pairs give one method per rule and pair instead of the default policy. A rule
+    that cannot run with `draft` runs with `pruned_draft` when that one suits it (`rdk`), else it is skipped.
     """
     registered = hf_semspec.available_rules()
     names = registered if rules is None else rules
@@ -121,16 +125,19 @@ def build_methods(
         kwargs = dict(acceptance_kwargs.get(name, {}))
         rule = RULES.build(name, kwargs)  # a bad option is the user's error: it raises now, before any model runs
         reason = rule_skip_reason(rule, draft, do_sample)
-        if reason is not None:
+        uses_pruned = reason is not None and pruned_draft is not None and rule_skip_reason(rule, pruned_draft, do_sample) is None
+        if reason is not None and not uses_pruned:
             skipped[name] = reason
             continue
         if draft_lengths is None:
             gamma = num_assistant_tokens or rule_cls.default_num_draft_tokens
-            methods.append(Method(SEMSPEC_PREFIX + name, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs))
+            methods.append(Method(SEMSPEC_PREFIX + name, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
+                                  uses_pruned_draft=uses_pruned))
             continue
         for policy, tokens in draft_lengths:
             label = f"{SEMSPEC_PREFIX}{name}/{policy}" + (f":{tokens}" if tokens else "")
-            methods.append(Method(label, "semspec", gamma=tokens, rule=name, rule_kwargs=kwargs, draft_length=policy))
+            methods.append(Method(label, "semspec", gamma=tokens, rule=name, rule_kwargs=kwargs, draft_length=policy,
+                                  uses_pruned_draft=uses_pruned))
     return methods, skipped
 
 
@@ -155,7 +162,7 @@ def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int,
         return type(target).generate(target, **inputs, assistant_model=draft, **common)
     return target.generate(
         **inputs,
-        assistant_model=draft,
+        assistant_model=pair.pruned_draft if method.uses_pruned_draft else draft,
         acceptance=method.rule,
         acceptance_kwargs=method.rule_kwargs,
         num_assistant_tokens=method.gamma,
@@ -166,14 +173,19 @@ def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int,
 
 @dataclass
 class Meters:
-    """Forward counters/timers on the target and the draft, installed for the whole run."""
+    """Forward counters/timers on the target, the draft and the pruned drafter (if any), installed for the run."""
 
     target: ForwardMeter
     draft: ForwardMeter
+    pruned_draft: ForwardMeter | None = None
 
     def reset(self) -> None:
-        self.target.reset()
-        self.draft.reset()
+        for meter in (self.target, self.draft, self.pruned_draft):
+            if meter is not None:
+                meter.reset()
+
+    def draft_of(self, method: Method) -> ForwardMeter:
+        return self.pruned_draft if method.uses_pruned_draft else self.draft
 
 
 def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, meters: Meters, eos_ids: list[int],
@@ -207,9 +219,9 @@ def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, met
         "tokens_per_s": len(ids) / wall,
         "target_forwards": forwards,
         "tau": len(ids) / forwards if forwards else 0.0,
-        "draft_forwards": meters.draft.calls,
+        "draft_forwards": meters.draft_of(method).calls,
         "target_forward_s": meters.target.seconds,
-        "draft_forward_s": meters.draft.seconds,
+        "draft_forward_s": meters.draft_of(method).seconds,
         "acceptance_stats": stats.to_dict() if stats is not None else None,
         "text": pair.decode(ids),
     }

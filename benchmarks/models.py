@@ -26,6 +26,8 @@ class ModelPair:
         decode (`Callable[[Sequence[int]], str]`): generated ids → text (special tokens dropped).
         target_name / draft_name (`str`): names for the results.
         info (`dict`): anything worth recording (dtypes, tokenizer check, ...).
+        pruned_draft (`PrunedVocabDrafter`, *optional*): a pruned-vocabulary drafter of the same draft model, used by
+            the rules that cannot run with `draft` (`rdk`).
     """
 
     target: torch.nn.Module
@@ -35,6 +37,7 @@ class ModelPair:
     target_name: str
     draft_name: str
     info: dict = field(default_factory=dict)
+    pruned_draft: torch.nn.Module | None = None
 
 
 def pair_model_names(pair: str) -> tuple[str, str]:

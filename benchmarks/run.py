@@ -28,6 +28,7 @@ import gc  # noqa: E402
 import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from contextlib import nullcontext  # noqa: E402
 from collections.abc import Callable  # noqa: E402
 from dataclasses import asdict, dataclass, replace  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -40,6 +41,7 @@ from tqdm.auto import tqdm  # noqa: E402
 
 import hf_semspec  # noqa: E402
 from hf_semspec.draft_length import POLICIES  # noqa: E402
+from hf_semspec.drafters import PrunedVocabDrafter  # noqa: E402
 from benchmarks import data, methods as methods_lib, metrics, models, profiling, report  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = data.REPO_ROOT / "benchmarks" / "results"
@@ -60,16 +62,15 @@ class Profile:
 
 
 PROFILES = {
-    # Sized to finish in < 15 min on the qwen pair with 6 methods on this 2-core CPU (estimate: ~12-13 min quiet).
-    # The budget is ~1.7 s per new token (6 methods at ~3.5 tok/s) and ~0.5 s per prompt token (the fp32 target
-    # prefills at ~36 tok/s, the bf16 draft at only ~14 tok/s, for 5 of the 6 methods), so:
+    # Sized to finish in < 15 min on the qwen pair with 7 methods on this 2-core CPU. Measured on a quiet machine
+    # (2026-11-22): plain decoding ~3.0 tok/s, a speculative method ~4.5-5 tok/s on predictable text; the bf16 draft
+    # prefills at only ~28 tok/s (no native bf16 GEMM on this CPU), so prompt length costs every method. Hence:
     # - one prompt per category, the shortest, and only prompts of <= 300 characters: this drops the long-input
-    #   categories (extraction, summarization, rag: rag's shortest prompt alone is 741 tokens, ~6.5 min of prefill);
-    # - 16 new tokens per Spec-Bench prompt;
-    # - 1 GSM8K problem, the one with the shortest reference solution, with 256 tokens to reach a \boxed{} answer
-    #   (each GSM8K problem costs ~3-4 min across the 6 methods; with 192 tokens, Qwen2.5-Coder-1.5B's greedy
-    #   step-by-step answer to that problem was cut a few tokens before its result).
-    "quick": Profile(per_category=1, selection="shortest", max_prompt_chars=300, max_new_tokens=16, gsm8k=1,
+    #   categories (extraction, summarization, rag: rag's shortest prompt alone is 741 tokens);
+    # - 32 new tokens per prompt: enough for several rounds of γ + 1, so decoding, not prefill, dominates;
+    # - no GSM8K problem: one or two problems say nothing about accuracy, and each costs ~5 min across the methods
+    #   at the 256 tokens a step-by-step answer needs; accuracy has its own run (`--gsm8k N --limit 0`).
+    "quick": Profile(per_category=1, selection="shortest", max_prompt_chars=300, max_new_tokens=32, gsm8k=0,
                      gsm8k_selection="shortest", gsm8k_max_new_tokens=256, profile_breakdown=True),
     # Everything, outputs cut at 256 tokens; meant for a GPU or a long run.
     "full": Profile(per_category=None, selection="first", max_prompt_chars=None, max_new_tokens=256, gsm8k=200,
@@ -80,7 +81,7 @@ PROFILES = {
 # draft's prefill by draft dtype. Measured on this 2-core CPU (qwen; scaled from runs under load), rough for smollm2.
 # Speculative methods are assumed no faster than plain, so the estimate is an upper bound.
 ASSUMED_RATES = {
-    "qwen": {"decode": 3.5, "prefill": 36.0, "draft_prefill": {"bfloat16": 14.0, "float32": 100.0, "float16": 14.0}},
+    "qwen": {"decode": 3.0, "prefill": 36.0, "draft_prefill": {"bfloat16": 28.0, "float32": 135.0, "float16": 28.0}},
     "smollm2": {"decode": 15.0, "prefill": 300.0, "draft_prefill": {"bfloat16": 100.0, "float32": 700.0, "float16": 100.0}},
 }
 
@@ -108,6 +109,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated draft-length policies, each optionally with :<num_assistant_tokens>, e.g. "
                         "'constant:3,constant:8,heuristic,adaedl,tapout'; one method per rule and entry (default: "
                         f"the constant policy at each rule's γ). Registered: {','.join(POLICIES.names())}")
+    p.add_argument("--pruned-drafter", type=Path, default=None,
+                   help="folder of a saved PrunedVocabDrafter of the draft model (e.g. one cached by "
+                        "benchmarks/pruned_drafters.py), used by the rules that need one (rdk); without it they are "
+                        "skipped with the reason")
     p.add_argument("--stock-confidence-threshold", type=float, default=None,
                    help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
                         "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
@@ -274,6 +279,11 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     pair = load_pair(args.pair, cache_dir=args.cache_dir, draft_dtype=args.draft_dtype)
     if pair.target is pair.draft:
         raise ValueError("target and draft must be two model instances (forwards are counted per instance)")
+    if args.pruned_drafter is not None:
+        pair.pruned_draft = PrunedVocabDrafter.from_pretrained(
+            args.pruned_drafter, dtype=models.DTYPES[args.draft_dtype], load_tokenizer=False)
+        pair.info["pruned_drafter"] = {"path": str(args.pruned_drafter), "keep_size": pair.pruned_draft.num_kept,
+                                       "vocab_size": pair.pruned_draft.vocab_size}
     load_s = time.perf_counter() - load_start
     print(f"Loaded target {pair.target_name} and draft {pair.draft_name} in {load_s:.0f} s", flush=True)
 
@@ -281,7 +291,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     method_list, skipped = methods_lib.build_methods(
         rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
-        draft_lengths)
+        draft_lengths, pair.pruned_draft)
     for rule, reason in skipped.items():
         print(f"Skipping rule {rule!r}: {reason}", flush=True)
     print("Methods: " + ", ".join(f"{m.name}" + (f" (γ={m.gamma})" if m.gamma else "") for m in method_list),
@@ -294,8 +304,12 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     gc.collect()
     gc.freeze()
     try:
-        with metrics.ForwardMeter(pair.target) as target_meter, metrics.ForwardMeter(pair.draft) as draft_meter:
-            meters = methods_lib.Meters(target_meter, draft_meter)
+        with (
+            metrics.ForwardMeter(pair.target) as target_meter,
+            metrics.ForwardMeter(pair.draft) as draft_meter,
+            metrics.ForwardMeter(pair.pruned_draft) if pair.pruned_draft is not None else nullcontext() as pruned_meter,
+        ):
+            meters = methods_lib.Meters(target_meter, draft_meter, pruned_meter)
 
             # 4. Encode every prompt once, and estimate the time before starting.
             encoded = {p.prompt_id: pair.encode(p.text) for p in prompts}

@@ -319,6 +319,19 @@ def test_end_to_end_with_draft_length_policies(tmp_path):
     assert "γ (drafted/round)" in (tmp_path / "out" / "quick.md").read_text()
 
 
+def test_rules_that_need_a_pruned_drafter_use_it():
+    from conftest import SlicedHeadDrafter, nearest_neighbour_kernel
+
+    draft = tiny_llama(seed=1)
+    kept = torch.arange(0, 128, 2)
+    pruned = SlicedHeadDrafter(draft, kept, *nearest_neighbour_kernel(draft, kept))
+    built, skipped = methods.build_methods(["exact", "rdk"], {}, None, False, draft)
+    assert "rdk" in skipped and [m.name for m in built][-1] == "semspec:exact"
+    built, skipped = methods.build_methods(["exact", "rdk"], {}, None, False, draft, pruned_draft=pruned)
+    assert not skipped
+    assert [(m.name, m.uses_pruned_draft) for m in built[2:]] == [("semspec:exact", False), ("semspec:rdk", True)]
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # End to end on tiny models
 # ---------------------------------------------------------------------------------------------------------------------

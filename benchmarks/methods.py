@@ -7,7 +7,8 @@
   early when the draft is unsure) unless `--stock-confidence-threshold` says otherwise.
 - `semspec:<rule>`: hf_semspec's loop with that acceptance rule, for every rule registered when the run starts;
   with `--draft-lengths`, one method per rule and draft-length policy: `semspec:<rule>/<policy>[:<n>]`, where `n`
-  is passed as `num_assistant_tokens` (the policy's fixed length, initial length or cap).
+  sets the policy's length (fixed length, initial length or cap). Each such method keeps one policy instance for
+  the whole run, so a learning policy (tapout, adaedl, heuristic) learns across prompts.
 
 Both baselines call the *class* method `type(target).generate`, which bypasses the instance override installed by
 `hf_semspec.attach()`.
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 import torch
 
 import hf_semspec
-from hf_semspec.draft_length import POLICIES
+from hf_semspec.draft_length import POLICIES, DraftLengthPolicy
 from hf_semspec.errors import SemSpecConfigError
 from hf_semspec.rules import RULES, AcceptanceRule
 
@@ -49,6 +50,9 @@ class Method:
     rule_kwargs: dict = field(default_factory=dict)
     draft_length: str | None = None
     uses_pruned_draft: bool = False  # the pair's pruned-vocabulary drafter instead of its draft (rdk)
+    # One draft-length policy instance for the whole run, so policies that learn (tapout's bandit, adaedl's λ,
+    # heuristic's length) keep learning across prompts, as they would serving a stream of requests.
+    policy: DraftLengthPolicy | None = field(default=None, repr=False, compare=False)
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
@@ -104,6 +108,7 @@ def build_methods(
     draft: torch.nn.Module,
     draft_lengths: list[tuple[str, int | None]] | None = None,
     pruned_draft: torch.nn.Module | None = None,
+    include_stock: bool = True,
 ) -> tuple[list[Method], dict[str, str]]:
     """The methods to run, in a fixed order, and `{rule: reason}` for the registered rules that are skipped.
 
@@ -118,7 +123,9 @@ def build_methods(
     if unknown:
         raise ValueError(f"unknown or unselected rule(s) {unknown}: registered rules are {registered}")
     exact_gamma = RULES.get("exact").default_num_draft_tokens if "exact" in registered else AcceptanceRule.default_num_draft_tokens
-    methods = [Method(PLAIN, "plain"), Method(STOCK, "stock", gamma=num_assistant_tokens or exact_gamma)]
+    methods = [Method(PLAIN, "plain")]
+    if include_stock:
+        methods.append(Method(STOCK, "stock", gamma=num_assistant_tokens or exact_gamma))
     skipped = {}
     for name in names:
         rule_cls = RULES.get(name)
@@ -137,8 +144,20 @@ def build_methods(
         for policy, tokens in draft_lengths:
             label = f"{SEMSPEC_PREFIX}{name}/{policy}" + (f":{tokens}" if tokens else "")
             methods.append(Method(label, "semspec", gamma=tokens, rule=name, rule_kwargs=kwargs, draft_length=policy,
-                                  uses_pruned_draft=uses_pruned))
+                                  uses_pruned_draft=uses_pruned,
+                                  policy=build_policy(policy, tokens, rule_cls.default_num_draft_tokens)))
     return methods, skipped
+
+
+def build_policy(name: str, tokens: int | None, default_tokens: int) -> DraftLengthPolicy:
+    """The policy `name` with `tokens` in its length field (else its own default, else the rule's γ), as
+    `generate(draft_length=name, num_assistant_tokens=tokens)` would build it for one call."""
+    policy_class = POLICIES.get(name)
+    options = {}
+    if policy_class.length_field is not None:
+        default = getattr(policy_class.config_class(), policy_class.length_field)
+        options[policy_class.length_field] = tokens or (default if default is not None else default_tokens)
+    return POLICIES.build(name, options)
 
 
 def rotated(methods: list[Method], index: int) -> list[Method]:
@@ -165,8 +184,8 @@ def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int,
         assistant_model=pair.pruned_draft if method.uses_pruned_draft else draft,
         acceptance=method.rule,
         acceptance_kwargs=method.rule_kwargs,
-        num_assistant_tokens=method.gamma,
-        draft_length=method.draft_length,
+        num_assistant_tokens=None if method.policy is not None else method.gamma,
+        draft_length=method.policy if method.policy is not None else method.draft_length,
         **common,
     )
 

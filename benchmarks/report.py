@@ -177,6 +177,7 @@ def render_markdown(results: dict) -> str:
             values = acc["per_position_acceptance"]
             rows.append([f"`{m}`"] + [_fmt(values[i]) if i < len(values) else "" for i in range(positions)])
         lines += _table(["method"] + [str(i + 1) for i in range(positions)], rows)
+    lines += draft_length_section(results)
     if results.get("breakdown"):
         lines += ["", "## Where the time goes (first prompt, each method's warm-up run)", "",
                   "Share of the call's wall time. hf_semspec methods: torch.profiler ranges of the decoding loop; "
@@ -191,6 +192,44 @@ def render_markdown(results: dict) -> str:
         lines += _table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
                          "source"], rows)
     return "\n".join(lines) + "\n"
+
+
+def draft_length_section(results: dict) -> list[str]:
+    """With `--draft-lengths`: per rule, overall and per category, the best fixed length (`constant:<n>`, by
+    geometric-mean speed-up vs plain) against every other policy, as the policy's speed-up and its ratio to the
+    best fixed length's. Empty without draft-length methods or without `plain`."""
+    described = [m for m in results["methods"] if m.get("draft_length")]
+    agg = results["aggregates"]
+    if not described or "plain" not in agg["overall"]:
+        return []
+
+    def speedup(summary: dict) -> float | None:
+        return summary["speedup_vs_plain"]["geomean"] if summary["prompts"] and summary["speedup_vs_plain"] else None
+
+    lines = ["", "## Draft length: best fixed length vs the policies", "",
+             "Geometric-mean speed-up vs plain; in brackets, the policy's speed-up over the best `constant` length's "
+             "in that row (1.00 = as fast as the best fixed length found by the sweep).", ""]
+    for rule in dict.fromkeys(m["rule"] for m in described):
+        mine = [m for m in described if m["rule"] == rule]
+        fixed = [m["name"] for m in mine if m["draft_length"] == "constant"]
+        policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
+        if not fixed:
+            continue
+        groups = [("overall", agg["overall"])] + list(agg["per_category"].items())
+        rows = []
+        for label, per_method in groups:
+            candidates = [(speedup(per_method[n]), n) for n in fixed if speedup(per_method[n]) is not None]
+            if not candidates:
+                continue
+            best_value, best_name = max(candidates)
+            row = [label, f"`{best_name.split('/', 1)[1]}` {best_value:.2f}×"]
+            for name in policies:
+                value = speedup(per_method[name])
+                row.append("-" if value is None else f"{value:.2f}× ({value / best_value:.2f})")
+            rows.append(row)
+        lines += [f"`{rule}`:", ""]
+        lines += _table(["category", "best fixed"] + [f"`{n.split('/', 1)[1]}`" for n in policies], rows) + [""]
+    return lines
 
 
 # ---------------------------------------------------------------------------------------------------------------------

@@ -113,6 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="folder of a saved PrunedVocabDrafter of the draft model (e.g. one cached by "
                         "benchmarks/pruned_drafters.py), used by the rules that need one (rdk); without it they are "
                         "skipped with the reason")
+    p.add_argument("--skip-stock", action="store_true",
+                   help="leave out stock assisted generation (e.g. for an accuracy-only or draft-length run)")
     p.add_argument("--stock-confidence-threshold", type=float, default=None,
                    help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
                         "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
@@ -291,7 +293,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     method_list, skipped = methods_lib.build_methods(
         rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
-        draft_lengths, pair.pruned_draft)
+        draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock)
     for rule, reason in skipped.items():
         print(f"Skipping rule {rule!r}: {reason}", flush=True)
     print("Methods: " + ", ".join(f"{m.name}" + (f" (γ={m.gamma})" if m.gamma else "") for m in method_list),

@@ -302,6 +302,38 @@ def test_draft_length_specs_expand_each_rule():
     assert [(m.gamma, m.draft_length) for m in built[2:4]] == [(3, "constant"), (None, "adaedl")]
 
 
+def test_policy_methods_keep_one_instance_for_the_run():
+    built, _ = methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
+                                     [("constant", 3), ("tapout", None), ("adaedl", 12)], include_stock=False)
+    assert [m.name for m in built][0] == "plain" and "stock_assisted" not in [m.name for m in built]
+    by_name = {m.name: m for m in built}
+    assert by_name["semspec:exact/constant:3"].policy.max_tokens() == 3
+    assert by_name["semspec:exact/adaedl:12"].policy.config.max_tokens == 12
+    assert by_name["semspec:exact/tapout"].policy is by_name["semspec:exact/tapout"].policy  # one instance, reused
+
+
+def test_draft_length_section_compares_policies_with_the_best_fixed_length():
+    def summary(geomean):
+        return {"prompts": 1, "speedup_vs_plain": {"geomean": geomean, "median": geomean}}
+
+    results = {
+        "methods": [{"name": "plain", "rule": None, "draft_length": None}]
+        + [{"name": f"semspec:exact/{p}", "rule": "exact", "draft_length": p.split(":")[0]}
+           for p in ("constant:3", "constant:8", "tapout")],
+        "aggregates": {
+            "overall": {"plain": summary(1.0), "semspec:exact/constant:3": summary(1.2),
+                        "semspec:exact/constant:8": summary(1.5), "semspec:exact/tapout": summary(1.44)},
+            "per_category": {"coding": {"plain": summary(1.0), "semspec:exact/constant:3": summary(1.6),
+                                        "semspec:exact/constant:8": summary(1.1), "semspec:exact/tapout": summary(1.6)}},
+        },
+    }
+    text = "\n".join(report.draft_length_section(results))
+    assert "| overall | `constant:8` 1.50× | 1.44× (0.96) |" in text
+    assert "| coding | `constant:3` 1.60× | 1.60× (1.00) |" in text
+    results["methods"] = results["methods"][:1]
+    assert report.draft_length_section(results) == []
+
+
 def test_end_to_end_with_draft_length_policies(tmp_path):
     write_tiny_data(tmp_path / "data")
     argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),

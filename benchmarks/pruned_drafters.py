@@ -23,9 +23,9 @@ Measured per drafter and decoding mode (greedy; sampling at temperature 0.7 with
 
 `--sweep-temperature` also prints α = E Σ min(p, r) for several τ on held-out GSM8K answers (see
 `hf_semspec.drafters.kernel.DEFAULT_TEMPERATURE`). Pruned drafters and calibration generations are cached under
-`--cache-dir` (building the kernels takes minutes). Results are printed as a Markdown table (not written to the
-repository). Timings on a shared 2-core machine are
-noisy; compare rows measured in the same run.
+`--cache-dir` (building the kernels takes minutes). Results are printed as a Markdown table, and with `--output`
+also written (`<output>.md`, `<output>.json`). Timings on a shared 2-core machine are noisy; compare rows measured
+in the same run.
 """
 
 from __future__ import annotations
@@ -210,6 +210,8 @@ def main(argv=None) -> int:
     parser.add_argument("--sweep-temperature", action="store_true")
     parser.add_argument("--rdk-temperature", type=float, default=DEFAULT_TEMPERATURE, help="τ of the RDK kernels")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--output", type=Path, default=None,
+                        help="also write the table to <output>.md and the raw numbers to <output>.json")
     parser.add_argument(
         "--cache-dir", type=Path, default=default_cache_dir() / "pruned_drafters",
         help="pruned drafters are saved here and reused by later runs with the same data split ('' to disable)",
@@ -324,18 +326,28 @@ def main(argv=None) -> int:
             rows.append((mode, name, rule, result))
             log(f"{mode} {name} {rule}: {result}")
 
-    print(f"\nReference pair: {target_name} (float32) target, {draft_name} (bfloat16) draft; "
-          f"{len(inputs)} Spec-Bench prompts ({', '.join(EVAL_CATEGORIES[:len(inputs)])}), "
-          f"{args.max_new_tokens} new tokens, γ = {args.num_draft_tokens}, {args.threads} threads.\n")
+    lines = [
+        f"Reference pair: {target_name} (float32) target, {draft_name} (bfloat16) draft; "
+        f"{len(inputs)} Spec-Bench prompts ({', '.join(EVAL_CATEGORIES[:len(inputs)])}), "
+        f"{args.max_new_tokens} new tokens, γ = {args.num_draft_tokens}, {args.threads} threads.",
+        "",
+    ]
     taus = {round(d.pruning_info["rdk"]["temperature"], 4) for d in drafters.values() if hasattr(d, "pruning_info")}
-    print(f"RDK kernels: m = 8, τ = {sorted(taus)}. Column τ below is the mean accepted length.\n")
-    print("| mode | drafter | K | rule | draft step (ms/token, median) | acceptance rate | τ | tok/s |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+    lines += [f"RDK kernels: m = 8, τ = {sorted(taus)}. Column τ below is the mean accepted length.", ""]
+    lines += ["| mode | drafter | K | rule | draft step (ms/token, median) | acceptance rate | τ | tok/s |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for mode, name, rule, r in rows:
         k = getattr(drafters[name], "num_kept", draft.config.vocab_size)
         label_mode = "greedy" if mode == "greedy" else "sample T=0.7"
-        print(f"| {label_mode} | {name} | {k:,} | {rule} | {r['draft_ms']:.1f} | {r['acceptance']:.3f} | "
-              f"{r['tau']:.2f} | {r['tok_s']:.2f} |")
+        lines.append(f"| {label_mode} | {name} | {k:,} | {rule} | {r['draft_ms']:.1f} | {r['acceptance']:.3f} | "
+                     f"{r['tau']:.2f} | {r['tok_s']:.2f} |")
+    print("\n" + "\n".join(lines))
+    if args.output is not None:  # the table as printed, and the raw numbers
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.with_suffix(".md").write_text("# Pruned-vocabulary drafters\n\n" + "\n".join(lines) + "\n")
+        args.output.with_suffix(".json").write_text(json.dumps(
+            {"config": {k: str(v) for k, v in vars(args).items()},
+             "rows": [{"mode": m, "drafter": n, "rule": rule, **r} for m, n, rule, r in rows]}, indent=2))
     log("done")
     return 0
 

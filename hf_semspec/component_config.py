@@ -38,6 +38,10 @@ class Range:
         return f"{left}{_fmt(self.low)}, {_fmt(self.high)}{right}"
 
 
+POSITIVE = Range(0, math.inf, low_inclusive=False, high_inclusive=False)
+"""(0, inf): a strictly positive number."""
+
+
 def _fmt(x: float) -> str:
     if math.isinf(x):
         return "inf" if x > 0 else "-inf"

@@ -43,17 +43,13 @@ Threshold updates from λ = 0.5 with L = 40, rounds (k, n) = (4, 1), (4, 4), (4,
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from ..component_config import Range
+from ..component_config import POSITIVE, Range
 from ._entropy import entropy
 from .base import DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
-
-_POSITIVE = Range(0, math.inf, low_inclusive=False, high_inclusive=False)
-
 
 @dataclass
 class AdaEDLConfig(DraftLengthConfig):
@@ -67,7 +63,7 @@ class AdaEDLConfig(DraftLengthConfig):
     )
     entropy_scale: float = field(
         default=0.2,
-        metadata={"help": "γ in the bound 1 − sqrt(γ·H(q))", "range": _POSITIVE},
+        metadata={"help": "γ in the bound 1 − sqrt(γ·H(q))", "range": POSITIVE},
     )
     threshold: float = field(
         default=0.5,

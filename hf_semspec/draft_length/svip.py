@@ -31,17 +31,13 @@ Worked example (γ = 0.15, h = 0.3; the boundary is H = 0.6 nats):
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
 
-from ..component_config import Range
+from ..component_config import POSITIVE, Range
 from ._entropy import entropy
 from .base import DraftLengthConfig, DraftLengthPolicy, register_policy
-
-_POSITIVE = Range(0, math.inf, low_inclusive=False, high_inclusive=False)
-
 
 @dataclass
 class SVIPConfig(DraftLengthConfig):
@@ -55,11 +51,11 @@ class SVIPConfig(DraftLengthConfig):
     )
     entropy_scale: float = field(
         default=0.15,
-        metadata={"help": "γ in sqrt(γ·H(q)) (the authors' code's constant)", "range": _POSITIVE},
+        metadata={"help": "γ in sqrt(γ·H(q)) (the authors' code's constant)", "range": POSITIVE},
     )
     threshold: float = field(
         default=0.3,
-        metadata={"help": "h: stop when sqrt(γ·H(q)) > h (the authors' entropy_threshold)", "range": _POSITIVE},
+        metadata={"help": "h: stop when sqrt(γ·H(q)) > h (the authors' entropy_threshold)", "range": POSITIVE},
     )
 
 

@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import record_function
 from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation import EosTokenCriteria, MaxLengthCriteria
-from transformers.generation.utils import GenerateDecoderOnlyOutput
+from transformers.generation import EosTokenCriteria, GenerateDecoderOnlyOutput, MaxLengthCriteria
 
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .drafting import ModelDrafter

@@ -50,8 +50,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from hf_semspec.errors import invalid_value
-
+from ._transformers_compat import forget_gguf_quantization
+from .errors import invalid_value
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -612,11 +612,7 @@ def _convert(spec: PyPIModelSpec, gguf_path: pathlib.Path, model_dir: pathlib.Pa
     logger.info("%s: dequantizing %s to float32 (this takes a while)", spec.name, gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    # The weights are plain float32 now; without this, save_pretrained refuses (GGUF is not serializable) and the
-    # saved config would ask from_pretrained to quantize again on reload.
-    model.hf_quantizer = None
-    if hasattr(model.config, "quantization_config"):
-        delattr(model.config, "quantization_config")
+    forget_gguf_quantization(model)  # the weights are plain float32 now
     logger.info("%s: saving safetensors to %s", spec.name, model_dir)
     model.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)

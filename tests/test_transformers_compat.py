@@ -40,3 +40,19 @@ def test_public_api_we_build_on_exists():
     assert "custom_generate" in inspect.signature(GenerationMixin.generate).parameters
     cache = DynamicCache()
     assert hasattr(cache, "activate_past_recording") and hasattr(cache, "crop")
+
+
+def test_a_dequantized_model_without_its_quantizer_saves_and_reloads(tmp_path):
+    """What `forget_gguf_quantization` relies on: a model whose config says it is quantized is refused by (or
+    re-quantized on) a round trip; without `hf_quantizer` and `quantization_config` it saves as plain weights."""
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_llama(seed=0)
+    model.hf_quantizer = object()  # stands in for the GGUF quantizer a GGUF load leaves behind
+    model.config.quantization_config = {"quant_method": "gguf"}
+    compat.forget_gguf_quantization(model)
+    assert model.hf_quantizer is None and not hasattr(model.config, "quantization_config")
+    model.save_pretrained(tmp_path)
+    assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert getattr(reloaded, "hf_quantizer", None) is None  # loaded as plain weights, nothing to re-quantize

@@ -125,6 +125,10 @@ def render_markdown(results: dict) -> str:
         f"- Wall time of the run: {results['timing']['total_s']:.0f} s (timed generations "
         f"{results['timing']['timed_generations_s']:.0f} s).",
     ]
+    pruned = results["models"].get("pruned_drafter")
+    if pruned:
+        lines.append(f"- Rules that need a pruned-vocabulary drafter (`rdk`) ran with `{Path(pruned['path']).name}`: "
+                     f"{pruned['keep_size']:,} of {pruned['vocab_size']:,} tokens kept in its LM head.")
     if results["skipped_rules"]:
         for rule, reason in results["skipped_rules"].items():
             lines.append(f"- Skipped rule `{rule}`: {reason}.")

@@ -465,6 +465,14 @@ def test_report_renders_every_method(tiny_run):
         assert f"| `{method['name']}` |" in overall
 
 
+def test_report_names_the_pruned_drafter_the_rdk_rows_used(tiny_run):
+    results, _ = tiny_run
+    assert "(`rdk`) ran with" not in report.render_markdown(results)
+    with_pruned = {**results, "models": {**results["models"], "pruned_drafter": {
+        "path": "/cache/pruned_drafters/draft-keep0.25-abc", "keep_size": 37984, "vocab_size": 151936}}}
+    assert "ran with `draft-keep0.25-abc`: 37,984 of 151,936 tokens kept" in report.render_markdown(with_pruned)
+
+
 def test_a_failing_generation_fails_the_run(tmp_path, monkeypatch):
     write_tiny_data(tmp_path / "data")
     real = methods.generate

@@ -132,7 +132,7 @@ class TapOutPolicy(DraftLengthPolicy):
         self.reward_scale = 0.0  # R, the largest reward seen
         self.largest_budget = 0  # L of the blended reward
         self.current: int | None = None  # the arm drafting this round
-        self.history: list[int] = []  # the arm of every round, in order
+        self.history: list[int] = []  # the arm of every rewarded round, in order (prefill rounds are not)
         self._rng = random.Random(self.config.seed)
 
     def _build_arm(self, name: str) -> DraftLengthPolicy:

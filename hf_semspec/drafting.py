@@ -48,6 +48,7 @@ class ModelDrafter:
         output_device (`torch.device`): where drafts and q are returned (the target's device).
         vocab_size (`int`): the target's vocabulary size (width of the distributions returned).
         redistribute (`bool`): draw from the RDK-redistributed r = q·K instead of q (needs `rdk_indices`).
+        generator (`torch.Generator`, *optional*): the source of the draws when sampling (torch's global RNG if None).
     """
 
     def __init__(

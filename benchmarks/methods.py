@@ -17,6 +17,8 @@ Both baselines call the *class* method `type(target).generate`, which bypasses t
 from __future__ import annotations
 
 import gc
+import json
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -49,6 +51,7 @@ class Method:
     rule: str | None = None
     rule_kwargs: dict = field(default_factory=dict)
     draft_length: str | None = None
+    draft_length_kwargs: dict = field(default_factory=dict)
     uses_pruned_draft: bool = False  # the pair's pruned-vocabulary drafter instead of its draft (rdk)
     # One draft-length policy instance for the whole run, so policies that learn (tapout's bandit, adaedl's λ,
     # heuristic's length) keep learning across prompts, as they would serving a stream of requests.
@@ -57,22 +60,59 @@ class Method:
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
                 "rule_kwargs": self.rule_kwargs, "draft_length": self.draft_length,
+                "draft_length_kwargs": self.draft_length_kwargs,
                 "draft": "pruned_draft" if self.uses_pruned_draft else "draft"}
 
 
-def parse_draft_lengths(text: str | None) -> list[tuple[str, int | None]] | None:
-    """`"constant:5,adaedl,tapout:16"` → `[("constant", 5), ("adaedl", None), ("tapout", 16)]`; None stays None."""
+@dataclass(frozen=True)
+class DraftLengthSpec:
+    """One `--draft-lengths` entry: `<policy>[:<tokens>][(<option>=<value>;...)]`, e.g. `tapout(bandit=ucb_tuned)`."""
+
+    policy: str
+    tokens: int | None = None
+    options: tuple[tuple[str, object], ...] = ()
+
+    @property
+    def label(self) -> str:
+        options = ";".join(f"{k}={v}" for k, v in self.options)
+        return self.policy + (f":{self.tokens}" if self.tokens else "") + (f"({options})" if options else "")
+
+
+_SPEC = re.compile(r"^(?P<policy>[A-Za-z_][\w]*)(?::(?P<tokens>[^()]*))?(?:\((?P<options>[^()]*)\))?$")
+
+
+def _option_value(text: str) -> object:
+    """`8` → 8, `0.5` → 0.5, `true` → True, `["svip"]` → list; anything else stays a string (`ucb_tuned`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
+    """`"constant:5,adaedl,tapout(bandit=ucb_tuned)"` → one `DraftLengthSpec` per entry; None stays None. Options
+    are `draft_length_kwargs` of that method, validated by the policy's config when the method is built."""
     if not text:
         return None
     specs = []
-    for item in (part.strip() for part in text.split(",") if part.strip()):
-        name, _, number = item.partition(":")
+    for item in (part.strip() for part in re.split(r",(?![^()]*\))", text) if part.strip()):
+        match = _SPEC.match(item)
+        form = "<policy>, <policy>:<tokens> or <policy>(<option>=<value>;...), e.g. constant:8 or tapout(bandit=ucb1)"
+        if match is None:
+            raise ValueError(f"--draft-lengths: {item!r} must be {form}")
+        name, number, options = match["policy"], match["tokens"], match["options"]
         if name not in POLICIES:
             raise ValueError(
                 f"--draft-lengths: unknown policy {name!r} in {item!r}: registered policies are {POLICIES.names()}")
-        if number and not number.isdigit():
-            raise ValueError(f"--draft-lengths: {item!r} must be <policy> or <policy>:<tokens>, e.g. constant:8")
-        specs.append((name, int(number) if number else None))
+        if number is not None and not number.isdigit():
+            raise ValueError(f"--draft-lengths: {item!r} must be {form}")
+        pairs = []
+        for option in (o.strip() for o in (options or "").split(";") if o.strip()):
+            key, equals, value = option.partition("=")
+            if not equals or not key.strip():
+                raise ValueError(f"--draft-lengths: option {option!r} in {item!r} must be <option>=<value>")
+            pairs.append((key.strip(), _option_value(value.strip())))
+        specs.append(DraftLengthSpec(name, int(number) if number else None, tuple(pairs)))
     return specs
 
 
@@ -106,7 +146,7 @@ def build_methods(
     num_assistant_tokens: int | None,
     do_sample: bool,
     draft: torch.nn.Module,
-    draft_lengths: list[tuple[str, int | None]] | None = None,
+    draft_lengths: list[DraftLengthSpec] | None = None,
     pruned_draft: torch.nn.Module | None = None,
     include_stock: bool = True,
 ) -> tuple[list[Method], dict[str, str]]:
@@ -114,7 +154,7 @@ def build_methods(
 
     `rules=None` means every rule registered now. γ: `num_assistant_tokens` if given, else each rule's
     `default_num_draft_tokens`; stock assisted uses the `exact` rule's default (standard speculative decoding).
-    `draft_lengths` (policy, tokens) pairs give one method per rule and pair instead of the default policy. A rule
+    `draft_lengths` entries give one method per rule and entry instead of the default policy. A rule
     that cannot run with `draft` runs with `pruned_draft` when that one suits it (`rdk`), else it is skipped.
     """
     registered = hf_semspec.available_rules()
@@ -141,22 +181,24 @@ def build_methods(
             methods.append(Method(SEMSPEC_PREFIX + name, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
                                   uses_pruned_draft=uses_pruned))
             continue
-        for policy, tokens in draft_lengths:
-            label = f"{SEMSPEC_PREFIX}{name}/{policy}" + (f":{tokens}" if tokens else "")
-            methods.append(Method(label, "semspec", gamma=tokens, rule=name, rule_kwargs=kwargs, draft_length=policy,
+        for spec in draft_lengths:
+            policy = build_policy(spec.policy, spec.tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
+            methods.append(Method(f"{SEMSPEC_PREFIX}{name}/{spec.label}", "semspec", gamma=spec.tokens, rule=name,
+                                  rule_kwargs=kwargs, draft_length=spec.policy, draft_length_kwargs=dict(spec.options),
                                   uses_pruned_draft=uses_pruned,
-                                  policy=build_policy(policy, tokens, rule_cls.default_num_draft_tokens)))
+                                  policy=policy))
     return methods, skipped
 
 
-def build_policy(name: str, tokens: int | None, default_tokens: int) -> DraftLengthPolicy:
-    """The policy `name` with `tokens` in its length field (else its own default, else the rule's γ), as
-    `generate(draft_length=name, num_assistant_tokens=tokens)` would build it for one call."""
+def build_policy(name: str, tokens: int | None, default_tokens: int, options: dict | None = None) -> DraftLengthPolicy:
+    """The policy `name` with `options` and `tokens` in its length field (else its own default, else the rule's γ), as
+    `generate(draft_length=name, draft_length_kwargs=options, num_assistant_tokens=tokens)` would build it."""
     policy_class = POLICIES.get(name)
-    options = {}
-    if policy_class.length_field is not None:
-        default = getattr(policy_class.config_class(), policy_class.length_field)
-        options[policy_class.length_field] = tokens or (default if default is not None else default_tokens)
+    options = dict(options or {})
+    field_name = policy_class.length_field
+    if field_name is not None and (tokens or field_name not in options):
+        default = getattr(policy_class.config_class(), field_name)
+        options[field_name] = tokens or (default if default is not None else default_tokens)
     return POLICIES.build(name, options)
 
 

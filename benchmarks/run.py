@@ -106,8 +106,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--num-assistant-tokens", type=int, default=None,
                    help="γ for every speculative method (default: each rule's default; stock: exact's default)")
     p.add_argument("--draft-lengths", default=None,
-                   help="comma-separated draft-length policies, each optionally with :<num_assistant_tokens>, e.g. "
-                        "'constant:3,constant:8,heuristic,adaedl,tapout'; one method per rule and entry (default: "
+                   help="comma-separated draft-length policies, each optionally with :<num_assistant_tokens> and "
+                        "(<option>=<value>;...) draft_length_kwargs, e.g. "
+                        "'constant:3,constant:8,heuristic,adaedl,tapout,tapout(bandit=ucb_tuned)'; one method per rule "
+                        "and entry (default: "
                         f"the constant policy at each rule's γ). Registered: {','.join(POLICIES.names())}")
     p.add_argument("--pruned-drafter", type=Path, default=None,
                    help="folder of a saved PrunedVocabDrafter of the draft model (e.g. one cached by "

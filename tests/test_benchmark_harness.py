@@ -290,13 +290,20 @@ def test_methods_order_gamma_and_rotation():
 
 def test_draft_length_specs_expand_each_rule():
     assert methods.parse_draft_lengths(None) is None
-    assert methods.parse_draft_lengths("constant:3, adaedl,tapout:16") == [("constant", 3), ("adaedl", None), ("tapout", 16)]
+    Spec = methods.DraftLengthSpec
+    parsed = methods.parse_draft_lengths('constant:3, adaedl,tapout:16,tapout(bandit=ucb_tuned; arms=["svip","heuristic"])')
+    assert parsed == [Spec("constant", 3), Spec("adaedl"), Spec("tapout", 16),
+                      Spec("tapout", None, (("bandit", "ucb_tuned"), ("arms", ["svip", "heuristic"])))]
+    assert [s.label for s in parsed] == ["constant:3", "adaedl", "tapout:16",
+                                        "tapout(bandit=ucb_tuned;arms=['svip', 'heuristic'])"]
     with pytest.raises(ValueError, match=r"unknown policy 'fast'"):
         methods.parse_draft_lengths("fast")
-    with pytest.raises(ValueError, match=r"'constant:x' must be <policy> or <policy>:<tokens>"):
+    with pytest.raises(ValueError, match=r"'constant:x' must be <policy>, <policy>:<tokens> or"):
         methods.parse_draft_lengths("constant:x")
+    with pytest.raises(ValueError, match=r"option 'ucb1' in 'tapout\(ucb1\)' must be <option>=<value>"):
+        methods.parse_draft_lengths("tapout(ucb1)")
     built, _ = methods.build_methods(["exact", "fly"], {}, None, False, tiny_llama(seed=1),
-                                     [("constant", 3), ("adaedl", None)])
+                                     methods.parse_draft_lengths("constant:3,adaedl"))
     assert [m.name for m in built] == ["plain", "stock_assisted", "semspec:exact/constant:3", "semspec:exact/adaedl",
                                        "semspec:fly/constant:3", "semspec:fly/adaedl"]
     assert [(m.gamma, m.draft_length) for m in built[2:4]] == [(3, "constant"), (None, "adaedl")]
@@ -304,12 +311,19 @@ def test_draft_length_specs_expand_each_rule():
 
 def test_policy_methods_keep_one_instance_for_the_run():
     built, _ = methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
-                                     [("constant", 3), ("tapout", None), ("adaedl", 12)], include_stock=False)
+                                     methods.parse_draft_lengths("constant:3,tapout,adaedl:12,tapout(bandit=ucb_tuned)"),
+                                     include_stock=False)
     assert [m.name for m in built][0] == "plain" and "stock_assisted" not in [m.name for m in built]
     by_name = {m.name: m for m in built}
     assert by_name["semspec:exact/constant:3"].policy.max_tokens() == 3
     assert by_name["semspec:exact/adaedl:12"].policy.config.max_tokens == 12
     assert by_name["semspec:exact/tapout"].policy is by_name["semspec:exact/tapout"].policy  # one instance, reused
+    tuned = by_name["semspec:exact/tapout(bandit=ucb_tuned)"]
+    assert tuned.policy.config.bandit == "ucb_tuned" and by_name["semspec:exact/tapout"].policy.config.bandit == "ucb1"
+    assert tuned.describe()["draft_length_kwargs"] == {"bandit": "ucb_tuned"}
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['bandit'\]` = 'egreedy'"):
+        methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
+                              methods.parse_draft_lengths("tapout(bandit=egreedy)"), include_stock=False)
 
 
 def test_draft_length_section_compares_policies_with_the_best_fixed_length():

@@ -23,6 +23,8 @@ Bandits, with N_a the rounds arm a was played, μ_a its mean reward, t = Σ_a N_
 first, ties go to the earlier arm:
 
     "ucb1" (default)   a_t = argmax_a  μ_a / R + sqrt(2 ln t / N_a)                   (Auer et al., 2002)
+    "ucb_tuned"        a_t = argmax_a  μ_a / R + sqrt(ln t / N_a · min(1/4, V_a)),    (Auer et al., 2002, §4)
+                       V_a = σ_a² / R² + sqrt(2 ln t / N_a)                           σ_a²: arm a's reward variance
     "thompson"         a_t = argmax_a  θ_a,  θ_a ~ N(μ_a / R, 1 / (N_a + 1))         (Gaussian Thompson sampling,
                                                                                      Agrawal & Goyal, 2013; seeded)
 
@@ -47,6 +49,13 @@ Worked example (UCB1, three arms played once with rewards 100, 200 and 150 token
 so the indices are 0.5 + sqrt(2 ln 3) = 1.982, 1.0 + 1.482 = 2.482 and 0.75 + 1.482 = 2.232: round 4 goes to the
 second arm. If it then earns 100 tokens/s, its mean falls to 150 (index 0.75 + sqrt(2 ln 4 / 2) = 1.927) and round 5
 goes to the third arm (0.75 + sqrt(2 ln 4) = 2.415, against 0.5 + 1.665 = 2.165 for the first).
+
+UCB-Tuned on the same rewards: after round 3 every V_a = 0 + sqrt(2 ln 3) > 1/4, so every bonus is
+sqrt(ln 3 · 1/4) = 0.524 and the indices are 1.024, 1.524 and 1.274 (round 4: the second arm). Its rewards 200 and 100
+then give σ² / R² = 0.0625; with t = 4 the indices are 0.5 + 0.589 = 1.089, 0.75 + sqrt(ln 4 / 2 · 1/4) = 1.166 and
+0.75 + 0.589 = 1.339 (round 5: the third arm). Its bonus is at most half of UCB1's (the factor 1/4 under the root
+against 2) and shrinks further once an arm's V_a < 1/4, i.e. after about 32 ln t pulls for a low-variance arm; so it
+commits sooner when the arms' rewards differ by little.
 """
 
 from __future__ import annotations
@@ -62,7 +71,7 @@ from ..errors import invalid_value
 from .base import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
 
 DEFAULT_ARMS = ("adaedl", "svip", "heuristic")
-BANDITS = ("ucb1", "thompson")
+BANDITS = ("ucb1", "ucb_tuned", "thompson")
 REWARDS = ("tokens_per_second", "tokens_per_forward", "blended")
 _FALLBACK_NUM_TOKENS = 5  # the rules' default draft length, for arms built outside generate()
 
@@ -76,7 +85,10 @@ class TapOutConfig(DraftLengthConfig):
     )
     bandit: str = field(
         default="ucb1",
-        metadata={"help": "how the arm is picked each round: UCB1 or (seeded) Thompson sampling", "choices": BANDITS},
+        metadata={
+            "help": "how the arm is picked each round: UCB1, UCB-Tuned or (seeded) Thompson sampling",
+            "choices": BANDITS,
+        },
     )
     reward: str = field(
         default="tokens_per_second",
@@ -129,6 +141,7 @@ class TapOutPolicy(DraftLengthPolicy):
         self.arms = [self._build_arm(name) for name in self.arm_names]
         self.pulls = [0] * len(self.arms)
         self.reward_sums = [0.0] * len(self.arms)
+        self.reward_square_sums = [0.0] * len(self.arms)  # for UCB-Tuned's variance
         self.reward_scale = 0.0  # R, the largest reward seen
         self.largest_budget = 0  # L of the blended reward
         self.current: int | None = None  # the arm drafting this round
@@ -154,6 +167,15 @@ class TapOutPolicy(DraftLengthPolicy):
         """UCB1's index μ_a / R + sqrt(2 ln t / N_a) of a played arm."""
         return self._normalized_mean(arm) + math.sqrt(2 * math.log(sum(self.pulls)) / self.pulls[arm])
 
+    def ucb_tuned_index(self, arm: int) -> float:
+        """UCB-Tuned's index μ_a / R + sqrt(ln t / N_a · min(1/4, V_a)) of a played arm."""
+        pulls, log_t = self.pulls[arm], math.log(sum(self.pulls))
+        mean = self._normalized_mean(arm)
+        scale = self.reward_scale if self.reward_scale > 0 else 1.0
+        variance = max(0.0, self.reward_square_sums[arm] / pulls / scale**2 - mean**2)
+        bound = variance + math.sqrt(2 * log_t / pulls)
+        return mean + math.sqrt(log_t / pulls * min(0.25, bound))
+
     def choose_arm(self) -> int:
         """The arm for the next round (advances Thompson sampling's random stream)."""
         for arm, pulls in enumerate(self.pulls):
@@ -161,6 +183,8 @@ class TapOutPolicy(DraftLengthPolicy):
                 return arm
         if self.config.bandit == "ucb1":
             scores = [self.ucb_index(a) for a in range(len(self.arms))]
+        elif self.config.bandit == "ucb_tuned":
+            scores = [self.ucb_tuned_index(a) for a in range(len(self.arms))]
         else:
             scores = [
                 self._rng.gauss(self._normalized_mean(a), 1 / math.sqrt(n + 1)) for a, n in enumerate(self.pulls)
@@ -215,5 +239,6 @@ class TapOutPolicy(DraftLengthPolicy):
         value = self.reward(outcome)
         self.pulls[arm] += 1
         self.reward_sums[arm] += value
+        self.reward_square_sums[arm] += value * value
         self.reward_scale = max(self.reward_scale, value)
         self.history.append(arm)

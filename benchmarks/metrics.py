@@ -6,6 +6,8 @@
   counted the same way for plain (τ = 1 by construction), stock assisted and hf_semspec.
 - `parse_final_number`: the final number of a model's GSM8K answer.
 - `ratio_summary` / `aggregate`: per-prompt speed-up ratios summarized by median and geometric mean.
+- `fit_round_costs` / `modeled_tokens_per_s`: a cost model fitted on the run's own timings, so that draft-length
+  policies can be compared without the timing noise of a shared machine (see `fit_round_costs`).
 """
 
 from __future__ import annotations
@@ -255,3 +257,58 @@ def aggregate(records: list[dict], method_names: list[str]) -> dict:
         for c in categories
     }
     return {"overall": overall, "per_category": per_category}
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Cost model: comparing policies without the timing noise
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def fit_round_costs(records: list[dict]) -> dict | None:
+    """Least-squares fit, over the run's hf_semspec generations, of
+
+        wall_s = c_p + a · F + b · D
+
+    with `F` the generation's target forwards, `D` its draft forwards (one per drafted token) and `c_p` one intercept
+    per prompt (the prompt's prefills and fixed costs, shared by every method on it). A target forward over q tokens
+    costs t0 + t1 · q, and a round verifies γ + 1 tokens, so Σ over rounds = F · (t0 + t1) + D · t1: `a` is the cost
+    of a target forward and `b` that of a drafted token (draft step + its share of verification), both per run.
+
+    Why: on a shared machine the same computation varies by tens of percent from run to run, more than the
+    differences between draft lengths. With greedy decoding `F` and `D` are deterministic, so `a · F + b · D` (the
+    *modeled* decode time) ranks policies by what they do, with the machine's own costs.
+
+    Returns `{"seconds_per_target_forward", "seconds_per_draft_forward", "r2", "residual_relative_sd",
+    "generations", "prompts"}`, or None when the fit is not determined (fewer than two distinct (F, D) per prompt,
+    or no more generations than unknowns).
+    """
+    used = [r for r in records if r.get("acceptance_stats") and r["wall_s"] > 0]
+    prompts = list(dict.fromkeys(r["prompt_id"] for r in used))
+    if len(used) <= len(prompts) + 2:
+        return None
+    design = torch.zeros(len(used), len(prompts) + 2, dtype=torch.float64)
+    for i, r in enumerate(used):
+        design[i, prompts.index(r["prompt_id"])] = 1.0
+        design[i, -2] = r["target_forwards"]
+        design[i, -1] = r["draft_forwards"]
+    wall = torch.tensor([r["wall_s"] for r in used], dtype=torch.float64)
+    if int(torch.linalg.matrix_rank(design)) < design.shape[1]:
+        return None
+    coefficients = torch.linalg.lstsq(design, wall.unsqueeze(1)).solution.squeeze(1)
+    residual = wall - design @ coefficients
+    total = ((wall - wall.mean()) ** 2).sum()
+    return {
+        "seconds_per_target_forward": float(coefficients[-2]),
+        "seconds_per_draft_forward": float(coefficients[-1]),
+        "r2": float(1 - (residual**2).sum() / total) if total > 0 else 1.0,
+        "residual_relative_sd": float((residual / wall).std()),
+        "generations": len(used),
+        "prompts": len(prompts),
+    }
+
+
+def modeled_tokens_per_s(record: dict, costs: dict) -> float:
+    """New tokens per modeled decode second `a · F + b · D` (prefill left out, see `fit_round_costs`)."""
+    seconds = (costs["seconds_per_target_forward"] * record["target_forwards"]
+               + costs["seconds_per_draft_forward"] * record["draft_forwards"])
+    return record["new_tokens"] / seconds

@@ -14,6 +14,7 @@ import transformers
 
 import hf_semspec
 
+from . import metrics
 from .data import REPO_ROOT
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -199,9 +200,10 @@ def render_markdown(results: dict) -> str:
 
 
 def draft_length_section(results: dict) -> list[str]:
-    """With `--draft-lengths`: per rule, overall and per category, the best fixed length (`constant:<n>`, by
-    geometric-mean speed-up vs plain) against every other policy, as the policy's speed-up and its ratio to the
-    best fixed length's. Empty without draft-length methods or without `plain`."""
+    """With `--draft-lengths`: per rule, overall and per category, the best fixed length (`constant:<n>`) against
+    every other policy, as the policy's value and its ratio to the best fixed length's; once with the measured
+    speed-up vs plain (geometric mean) and once with the modeled decode throughput of `metrics.fit_round_costs`
+    (timing noise removed). Empty without draft-length methods or without `plain`."""
     described = [m for m in results["methods"] if m.get("draft_length")]
     agg = results["aggregates"]
     if not described or "plain" not in agg["overall"]:
@@ -210,29 +212,65 @@ def draft_length_section(results: dict) -> list[str]:
     def speedup(summary: dict) -> float | None:
         return summary["speedup_vs_plain"]["geomean"] if summary["prompts"] and summary["speedup_vs_plain"] else None
 
+    measured = {label: {m["name"]: speedup(per_method[m["name"]]) for m in described}
+                for label, per_method in [("overall", agg["overall"])] + list(agg["per_category"].items())}
     lines = ["", "## Draft length: best fixed length vs the policies", "",
              "Geometric-mean speed-up vs plain; in brackets, the policy's speed-up over the best `constant` length's "
              "in that row (1.00 = as fast as the best fixed length found by the sweep).", ""]
+    lines += _policy_tables(described, measured, "×")
+    records = results.get("records") or []
+    costs = agg.get("cost_model") or metrics.fit_round_costs(records)
+    if costs is None:
+        return lines
+    modeled: dict[str, dict[str, float | None]] = {}
+    for label in measured:
+        for m in described:
+            mine = [r for r in records if r["method"] == m["name"] and label in ("overall", r["category"])]
+            value = metrics.geometric_mean([metrics.modeled_tokens_per_s(r, costs) for r in mine]) if mine else None
+            modeled.setdefault(label, {})[m["name"]] = value
+    lines += [
+        "### The same comparison without the timing noise (modeled decode time)", "",
+        f"A least-squares fit over the run's {costs['generations']} hf_semspec generations gives "
+        f"{costs['seconds_per_target_forward']:.3f} s per target forward (F) and "
+        f"{costs['seconds_per_draft_forward']:.3f} s per drafted token (D), plus one intercept per prompt for its "
+        f"prefills (R² = {costs['r2']:.3f}). A generation's measured time differs from the fit by "
+        f"{100 * costs['residual_relative_sd']:.0f}% (SD): that is the noise in the table above. With greedy decoding "
+        "F and D are deterministic, so modeled tokens/s = new tokens / (a·F + b·D) compares what the policies did, at "
+        "this machine's costs, without it (prefill left out). Geometric mean over the prompts; in brackets, the ratio "
+        "to the best `constant` length in the row.", "",
+    ]
+    lines += _policy_tables(described, modeled, " tok/s")
+    return lines
+
+
+def _policy_tables(described: list[dict], values: dict[str, dict[str, float | None]], unit: str) -> list[str]:
+    """One table per rule: rows = `values`' groups, the best `constant` method of the row, then every other policy
+    as `value (value / best)`; a last line per policy counts the categories where it is within 3% of the best."""
+    lines = []
     for rule in dict.fromkeys(m["rule"] for m in described):
         mine = [m for m in described if m["rule"] == rule]
         fixed = [m["name"] for m in mine if m["draft_length"] == "constant"]
         policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
         if not fixed:
             continue
-        groups = [("overall", agg["overall"])] + list(agg["per_category"].items())
-        rows = []
-        for label, per_method in groups:
-            candidates = [(speedup(per_method[n]), n) for n in fixed if speedup(per_method[n]) is not None]
+        rows, within = [], {name: [] for name in policies}
+        for label, per_method in values.items():
+            candidates = [(per_method[n], n) for n in fixed if per_method.get(n) is not None]
             if not candidates:
                 continue
             best_value, best_name = max(candidates)
-            row = [label, f"`{best_name.split('/', 1)[1]}` {best_value:.2f}×"]
+            row = [label, f"`{best_name.split('/', 1)[1]}` {best_value:.2f}{unit}"]
             for name in policies:
-                value = speedup(per_method[name])
-                row.append("-" if value is None else f"{value:.2f}× ({value / best_value:.2f})")
+                value = per_method.get(name)
+                row.append("-" if value is None else f"{value:.2f}{unit} ({value / best_value:.2f})")
+                if value is not None and label != "overall":
+                    within[name].append(value >= 0.97 * best_value)
             rows.append(row)
         lines += [f"`{rule}`:", ""]
         lines += _table(["category", "best fixed"] + [f"`{n.split('/', 1)[1]}`" for n in policies], rows) + [""]
+        counts = ", ".join(f"`{n.split('/', 1)[1]}` {sum(w)} of {len(w)}" for n, w in within.items() if w)
+        if counts:
+            lines += [f"Categories where the policy is within 3% of the best fixed length: {counts}.", ""]
     return lines
 
 
@@ -272,3 +310,23 @@ def write_plot(path: Path, results: dict) -> bool:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return True
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m benchmarks.report RESULTS.json`: writes RESULTS.md (and the plot) again from a results file, e.g.
+    after the report gained a table; the measurements are not touched."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("results", type=Path, help="a JSON file written by benchmarks/run.py")
+    parser.add_argument("--no-plot", action="store_true", help="leave the PNG as it is")
+    args = parser.parse_args(argv)
+    results = json.loads(args.results.read_text(encoding="utf-8"))
+    args.results.with_suffix(".md").write_text(render_markdown(results), encoding="utf-8")
+    if not args.no_plot:
+        write_plot(args.results.with_suffix(".png"), results)
+    print(f"Wrote {args.results.with_suffix('.md')}")
+
+
+if __name__ == "__main__":
+    main()

@@ -353,6 +353,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     names = [m.name for m in method_list]
     metrics.add_per_prompt_ratios(records)
     aggregates = metrics.aggregate(records, names)
+    aggregates["cost_model"] = metrics.fit_round_costs(records)
     for r in records:
         del r["new_token_ids"]  # compared above; the text stays in the results
 

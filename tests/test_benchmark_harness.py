@@ -348,6 +348,55 @@ def test_draft_length_section_compares_policies_with_the_best_fixed_length():
     assert report.draft_length_section(results) == []
 
 
+def _generation(prompt_id, category, method, forwards, drafts, wall_s, new_tokens=64):
+    return {"prompt_id": prompt_id, "category": category, "method": method, "target_forwards": forwards,
+            "draft_forwards": drafts, "new_tokens": new_tokens, "wall_s": wall_s,
+            "acceptance_stats": {"num_drafted": drafts}}
+
+
+def test_cost_model_recovers_the_costs_of_exactly_linear_timings():
+    # wall = prefill(prompt) + 0.5 s per target forward + 0.1 s per drafted token, no noise.
+    prefill = {"p0": 3.0, "p1": 7.0}
+    counts = [(20, 60), (12, 70), (10, 90), (30, 31)]
+    records = [_generation(p, "c", f"m{i}", f, d, prefill[p] + 0.5 * f + 0.1 * d)
+               for p in prefill for i, (f, d) in enumerate(counts)]
+    records.append({**_generation("p0", "c", "plain", 64, 0, 40.0), "acceptance_stats": None})  # not hf_semspec
+    costs = metrics.fit_round_costs(records)
+    assert costs["seconds_per_target_forward"] == pytest.approx(0.5)
+    assert costs["seconds_per_draft_forward"] == pytest.approx(0.1)
+    assert costs["r2"] == pytest.approx(1.0) and costs["residual_relative_sd"] == pytest.approx(0.0, abs=1e-9)
+    assert (costs["generations"], costs["prompts"]) == (8, 2)
+    # 64 tokens in 0.5 · 20 + 0.1 · 60 = 16 modeled seconds (the prefill is left out).
+    assert metrics.modeled_tokens_per_s(records[0], costs) == pytest.approx(4.0)
+
+
+def test_cost_model_is_none_when_not_determined():
+    same_counts = [_generation(p, "c", f"m{i}", 10, 20, 5.0 + i) for p in ("p0", "p1") for i in range(3)]
+    assert metrics.fit_round_costs(same_counts) is None  # F and D never vary: a and b cannot be told apart
+    assert metrics.fit_round_costs(same_counts[:3]) is None  # 3 generations for 3 unknowns
+
+
+def test_draft_length_section_adds_the_modeled_comparison():
+    costs = {"seconds_per_target_forward": 0.5, "seconds_per_draft_forward": 0.1, "r2": 0.98,
+             "residual_relative_sd": 0.06, "generations": 3, "prompts": 1}
+    names = ["semspec:exact/constant:3", "semspec:exact/constant:8", "semspec:exact/tapout"]
+    # Modeled seconds: 0.5 · 24 + 0.1 · 60 = 18, 0.5 · 12 + 0.1 · 96 = 15.6, 0.5 · 16 + 0.1 · 70 = 15.
+    records = [_generation("p0", "coding", n, f, d, 20.0) for n, (f, d) in zip(names, [(24, 60), (12, 96), (16, 70)])]
+    summary = {"prompts": 1, "speedup_vs_plain": {"geomean": 1.0, "median": 1.0}}
+    results = {
+        "methods": [{"name": "plain", "rule": None, "draft_length": None}]
+        + [{"name": n, "rule": "exact", "draft_length": n.split("/")[1].split(":")[0]} for n in names],
+        "aggregates": {"overall": {n: summary for n in ["plain"] + names},
+                       "per_category": {"coding": {n: summary for n in ["plain"] + names}},
+                       "cost_model": costs},
+        "records": records,
+    }
+    text = "\n".join(report.draft_length_section(results))
+    assert "0.500 s per target forward" in text and "6% (SD)" in text
+    assert "| coding | `constant:8` 4.10 tok/s | 4.27 tok/s (1.04) |" in text  # 64 / 15.6 and 64 / 15
+    assert "`tapout` 1 of 1" in text
+
+
 def test_end_to_end_with_draft_length_policies(tmp_path):
     write_tiny_data(tmp_path / "data")
     argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),

@@ -276,40 +276,31 @@ def drive(policy: TapOutPolicy, reward_of, rounds: int) -> list[str]:
     return played
 
 
-def test_tapout_ucb1_worked_example():
-    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic", "svip"], num_tokens=4))
-    speeds = iter([100.0, 200.0, 150.0, 100.0])  # tokens per second of rounds 1–4 (one token each)
-    played = []
-    indices = []
-    for _ in range(5):
-        policy.max_tokens()
-        played.append(policy.current)
-        if len(played) >= 4:
-            indices.append([round(policy.ucb_index(a), 3) for a in range(3)])
-        if len(played) < 5:
-            policy.observe(outcome(4, 0, seconds=1 / next(speeds)))
-    assert played == [0, 1, 2, 1, 2]
-    assert indices == [[1.982, 2.482, 2.232], [2.165, 1.927, 2.415]]
-    assert policy.arm_values()["heuristic"] == {"pulls": 2, "mean_reward": pytest.approx(150.0)}
-    for number in ("2.482", "2.232", "1.927", "2.415"):
-        assert number in tapout_module.__doc__
-
-
-def test_tapout_ucb_tuned_worked_example():
-    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic", "svip"], bandit="ucb_tuned", num_tokens=4))
+@pytest.mark.parametrize(
+    "bandit, expected",
+    [
+        ("ucb1", [[1.982, 2.482, 2.232], [2.165, 1.927, 2.415]]),
+        ("ucb_tuned", [[1.024, 1.524, 1.274], [1.089, 1.166, 1.339]]),
+    ],
+)
+def test_tapout_ucb_worked_examples(bandit, expected):
+    # The module docstring's examples: three arms, rounds 1–4 earn 100, 200, 150 and 100 tokens/s (one token each).
+    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic", "svip"], bandit=bandit, num_tokens=4))
+    index = policy.ucb_index if bandit == "ucb1" else policy.ucb_tuned_index
     speeds = iter([100.0, 200.0, 150.0, 100.0])
     played, indices = [], []
     for _ in range(5):
         policy.max_tokens()
         played.append(policy.current)
         if len(played) >= 4:
-            indices.append([round(policy.ucb_tuned_index(a), 3) for a in range(3)])
+            indices.append([round(index(a), 3) for a in range(3)])
         if len(played) < 5:
             policy.observe(outcome(4, 0, seconds=1 / next(speeds)))
     assert played == [0, 1, 2, 1, 2]
-    assert indices == [[1.024, 1.524, 1.274], [1.089, 1.166, 1.339]]
-    for number in ("1.524", "1.274", "1.166", "1.339"):
-        assert number in tapout_module.__doc__
+    assert indices == expected
+    assert policy.arm_values()["heuristic"] == {"pulls": 2, "mean_reward": pytest.approx(150.0)}
+    for number in (*expected[0][1:], *expected[1][1:]):
+        assert f"{number:.3f}" in tapout_module.__doc__
 
 
 def test_tapout_ucb_tuned_bonus_shrinks_with_a_low_variance_arm():

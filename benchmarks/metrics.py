@@ -279,8 +279,8 @@ def fit_round_costs(records: list[dict]) -> dict | None:
     *modeled* decode time) ranks policies by what they do, with the machine's own costs.
 
     Returns `{"seconds_per_target_forward", "seconds_per_draft_forward", "r2", "residual_relative_sd",
-    "generations", "prompts"}`, or None when the fit is not determined (fewer than two distinct (F, D) per prompt,
-    or no more generations than unknowns).
+    "generations", "prompts"}`, or None when the fit is not determined (F and D do not vary independently of the
+    prompts and of each other, or there are no more generations than unknowns).
     """
     used = [r for r in records if r.get("acceptance_stats") and r["wall_s"] > 0]
     prompts = list(dict.fromkeys(r["prompt_id"] for r in used))

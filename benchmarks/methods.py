@@ -74,10 +74,12 @@ class DraftLengthSpec:
 
     @property
     def label(self) -> str:
-        options = ";".join(f"{k}={v}" for k, v in self.options)
+        """The entry as `--draft-lengths` takes it (strings bare, other values as JSON), so it parses back to itself."""
+        options = ";".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in self.options)
         return self.policy + (f":{self.tokens}" if self.tokens else "") + (f"({options})" if options else "")
 
 
+_SPEC_FORM = "<policy>, <policy>:<tokens> or <policy>(<option>=<value>;...), e.g. constant:8 or tapout(bandit=ucb1)"
 _SPEC = re.compile(r"^(?P<policy>[A-Za-z_][\w]*)(?::(?P<tokens>[^()]*))?(?:\((?P<options>[^()]*)\))?$")
 
 
@@ -97,15 +99,14 @@ def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
     specs = []
     for item in (part.strip() for part in re.split(r",(?![^()]*\))", text) if part.strip()):
         match = _SPEC.match(item)
-        form = "<policy>, <policy>:<tokens> or <policy>(<option>=<value>;...), e.g. constant:8 or tapout(bandit=ucb1)"
         if match is None:
-            raise ValueError(f"--draft-lengths: {item!r} must be {form}")
+            raise ValueError(f"--draft-lengths: {item!r} must be {_SPEC_FORM}")
         name, number, options = match["policy"], match["tokens"], match["options"]
         if name not in POLICIES:
             raise ValueError(
                 f"--draft-lengths: unknown policy {name!r} in {item!r}: registered policies are {POLICIES.names()}")
         if number is not None and not number.isdigit():
-            raise ValueError(f"--draft-lengths: {item!r} must be {form}")
+            raise ValueError(f"--draft-lengths: {item!r} must be {_SPEC_FORM}")
         pairs = []
         for option in (o.strip() for o in (options or "").split(";") if o.strip()):
             key, equals, value = option.partition("=")

@@ -219,7 +219,8 @@ def draft_length_section(results: dict) -> list[str]:
              "in that row (1.00 = as fast as the best fixed length found by the sweep).", ""]
     lines += _policy_tables(described, measured, "×")
     records = results.get("records") or []
-    costs = agg.get("cost_model") or metrics.fit_round_costs(records)
+    # Results written before the cost model existed lack it: fit it from their records.
+    costs = agg["cost_model"] if "cost_model" in agg else metrics.fit_round_costs(records)
     if costs is None:
         return lines
     modeled: dict[str, dict[str, float | None]] = {}

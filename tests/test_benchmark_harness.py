@@ -295,7 +295,8 @@ def test_draft_length_specs_expand_each_rule():
     assert parsed == [Spec("constant", 3), Spec("adaedl"), Spec("tapout", 16),
                       Spec("tapout", None, (("bandit", "ucb_tuned"), ("arms", ["svip", "heuristic"])))]
     assert [s.label for s in parsed] == ["constant:3", "adaedl", "tapout:16",
-                                        "tapout(bandit=ucb_tuned;arms=['svip', 'heuristic'])"]
+                                        'tapout(bandit=ucb_tuned;arms=["svip", "heuristic"])']
+    assert methods.parse_draft_lengths(",".join(s.label for s in parsed)) == parsed  # a label parses back to itself
     with pytest.raises(ValueError, match=r"unknown policy 'fast'"):
         methods.parse_draft_lengths("fast")
     with pytest.raises(ValueError, match=r"'constant:x' must be <policy>, <policy>:<tokens> or"):

@@ -280,7 +280,8 @@ def fit_round_costs(records: list[dict]) -> dict | None:
 
     Returns `{"seconds_per_target_forward", "seconds_per_draft_forward", "r2", "residual_relative_sd",
     "generations", "prompts"}`, or None when the fit is not determined (F and D do not vary independently of the
-    prompts and of each other, or there are no more generations than unknowns).
+    prompts and of each other, or there are no more generations than unknowns) or not physical (a cost ≤ 0, which a
+    few noisy generations can give: then modeled speeds would be negative).
     """
     used = [r for r in records if r.get("acceptance_stats") and r["wall_s"] > 0]
     prompts = list(dict.fromkeys(r["prompt_id"] for r in used))
@@ -295,6 +296,8 @@ def fit_round_costs(records: list[dict]) -> dict | None:
     if int(torch.linalg.matrix_rank(design)) < design.shape[1]:
         return None
     coefficients = torch.linalg.lstsq(design, wall.unsqueeze(1)).solution.squeeze(1)
+    if float(coefficients[-2]) <= 0 or float(coefficients[-1]) <= 0:
+        return None
     residual = wall - design @ coefficients
     total = ((wall - wall.mean()) ** 2).sum()
     return {

@@ -126,6 +126,17 @@ def render_markdown(results: dict) -> str:
         f"- Wall time of the run: {results['timing']['total_s']:.0f} s (timed generations "
         f"{results['timing']['timed_generations_s']:.0f} s).",
     ]
+    merged = results.get("merged")
+    if merged:
+        drift = merged["plain_speed_added_over_base"]
+        lines.append(
+            f"- Merged report (`benchmarks/merge.py`): the lines above describe the base run `{merged['base']}`; "
+            f"{', '.join(f'`{m}`' for m in merged['added_methods'])} ran in `{merged['added']}` (commit "
+            f"{str(merged['added_commit'])[:12]}). Anchors measured in both, with identical target forwards, drafted "
+            f"tokens and outputs on all {merged['anchor_generations']} generations: "
+            f"{', '.join(f'`{m}`' for m in merged['anchors'])}. Plain decoded {_fmt(drift)}× as fast in the added run; "
+            "speed-ups are against each run's own plain, and the modeled tables price every method at the base run's "
+            "costs.")
     pruned = results["models"].get("pruned_drafter")
     if pruned:
         lines.append(f"- Rules that need a pruned-vocabulary drafter (`rdk`) ran with `{Path(pruned['path']).name}`: "

@@ -378,8 +378,8 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     }
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = output_stem(args)
+    report.write_json(args.output_dir / f"{stem}.json", results)  # first: the measurements outlive a report bug
     markdown = report.render_markdown(results)
-    report.write_json(args.output_dir / f"{stem}.json", results)
     (args.output_dir / f"{stem}.md").write_text(markdown, encoding="utf-8")
     plotted = report.write_plot(args.output_dir / f"{stem}.png", results)
     print("\n" + markdown)

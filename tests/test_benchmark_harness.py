@@ -21,7 +21,7 @@ if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed
     sys.path.insert(0, str(REPO_ROOT))
 
 import hf_semspec  # noqa: E402
-from benchmarks import data, methods, metrics, models, report, run  # noqa: E402
+from benchmarks import data, merge, methods, metrics, models, report, run  # noqa: E402
 from hf_semspec.errors import SemSpecConfigError  # noqa: E402
 from hf_semspec.rules import RULES  # noqa: E402
 from hf_semspec.rules.exact import ExactRule  # noqa: E402
@@ -375,6 +375,10 @@ def test_cost_model_is_none_when_not_determined():
     same_counts = [_generation(p, "c", f"m{i}", 10, 20, 5.0 + i) for p in ("p0", "p1") for i in range(3)]
     assert metrics.fit_round_costs(same_counts) is None  # F and D never vary: a and b cannot be told apart
     assert metrics.fit_round_costs(same_counts[:3]) is None  # 3 generations for 3 unknowns
+    # Determined but not physical: more target forwards came with less time, so a < 0.
+    backwards = [_generation("p0", "c", f"m{i}", f, d, 30.0 - 0.5 * f + 0.1 * d)
+                 for i, (f, d) in enumerate([(20, 60), (12, 70), (10, 90), (30, 31)])]
+    assert metrics.fit_round_costs(backwards) is None
 
 
 def test_draft_length_section_adds_the_modeled_comparison():
@@ -566,3 +570,92 @@ def test_cli_help_runs_as_a_script():
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "--pair" in result.stdout and "--profile" in result.stdout and "--gsm8k" in result.stdout
+
+
+# Merging a run of new methods into an earlier sweep.
+
+
+def _run(methods_counts: dict[str, tuple[int, int]], plain_speed: float, commit: str = "abc") -> dict:
+    """A results dict of two prompts: `methods_counts[name] = (F, D)` for both prompts, 64 new tokens each."""
+    timers = {"target_forward_s": 1.0, "draft_forward_s": 1.0}
+    records = []
+    for pid in ("p0", "p1"):
+        records.append({**_generation(pid, "c", "plain", 64, 0, 64 / plain_speed), "acceptance_stats": None,
+                        "tokens_per_s": plain_speed, "speedup_vs_plain": 1.0, "tau": 1.0, **timers})
+        for name, (f, d) in methods_counts.items():
+            wall = 2.0 + 0.5 * f + 0.1 * d
+            stats = {"num_target_forwards": f, "num_drafted": d, "num_accepted": 64 - f, "num_new_tokens": 64,
+                     "drafted_per_position": [f], "accepted_per_position": [f // 2]}
+            records.append({**_generation(pid, "c", name, f, d, wall), "tokens_per_s": 64 / wall, "tau": 64 / f,
+                            "speedup_vs_plain": (64 / wall) / plain_speed, "acceptance_stats": stats, **timers})
+    return {
+        "models": {"target": "t", "draft": "d"},
+        "config": {"max_new_tokens": 64, "sample": False},
+        "selection": {"prompt_ids": ["p0", "p1"]},
+        "machine": {"git": {"commit": commit}},
+        "methods": [{"name": "plain", "kind": "plain"}]
+        + [{"name": n, "kind": "semspec", "rule": "exact", "draft_length": n.split("/")[1].split(":")[0]}
+           for n in methods_counts],
+        "aggregates": {},
+        "records": records,
+    }
+
+
+def test_merge_adds_the_new_methods_and_prices_them_at_the_base_costs():
+    base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/constant:8": (12, 96),
+                 "semspec:exact/heuristic": (20, 70)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/best_constant": (16, 70)}, plain_speed=2.2,
+                 commit="def")
+    merged = merge.merge_runs(base, added, "base.json", "added.json")
+    assert [m["name"] for m in merged["methods"]] == ["plain", "semspec:exact/constant:3", "semspec:exact/constant:8",
+                                                      "semspec:exact/heuristic", "semspec:exact/best_constant"]
+    assert len(merged["records"]) == len(base["records"]) + 2  # the anchor's records are the base run's
+    info = merged["merged"]
+    assert info["anchors"] == ["semspec:exact/constant:3"] and info["anchor_generations"] == 2
+    assert info["added_methods"] == ["semspec:exact/best_constant"]
+    assert info["plain_speed_added_over_base"] == pytest.approx(1.1)
+    costs = merged["aggregates"]["cost_model"]  # fitted on the base records alone: wall = 2 + 0.5 F + 0.1 D
+    assert costs["seconds_per_target_forward"] == pytest.approx(0.5)
+    assert costs["seconds_per_draft_forward"] == pytest.approx(0.1)
+    assert merged["aggregates"]["overall"]["semspec:exact/best_constant"]["prompts"] == 2
+    text = "\n".join(report.draft_length_section(merged))
+    assert "| overall | `constant:8` 4.10 tok/s | " in text and "4.27 tok/s (1.04)" in text  # 64/15.6 and 64/15
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        (lambda a: a["records"][1].update(target_forwards=23), r"anchors did not repeat exactly.*constant:3 on p0"),
+        (lambda a: a["selection"].update(prompt_ids=["p0", "p9"]), r"differ in prompts"),
+        (lambda a: a["config"].update(max_new_tokens=128), r"differ in max_new_tokens: 64 vs 128"),
+        (lambda a: a["config"].update(sample=True), r"--sample"),
+        (lambda a: [m.update(name="semspec:exact/other") for m in a["methods"][1:2]], r"no hf_semspec method"),
+    ],
+)
+def test_merge_refuses_runs_that_are_not_comparable(change, message):
+    base = _run({"semspec:exact/constant:3": (24, 60)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/best_constant": (16, 70)}, plain_speed=2.0)
+    change(added)
+    with pytest.raises(ValueError, match=message):
+        merge.merge_runs(base, added, "base.json", "added.json")
+
+
+def test_merge_end_to_end_on_two_tiny_runs(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    common = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
+              "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "exact", "--skip-stock",
+              "--no-profile-breakdown"]
+    threads = torch.get_num_threads()
+    try:
+        run.main(common + ["--name", "sweep", "--draft-lengths", "constant:2,constant:4"], load_pair=tiny_pair)
+        run.main(common + ["--name", "new", "--draft-lengths", "constant:2,best_constant"], load_pair=tiny_pair)
+    finally:
+        torch.set_num_threads(threads)
+    out = tmp_path / "out"
+    merge.main([str(out / "sweep.json"), str(out / "new.json"), "--name", "merged"])
+    merged = json.loads((out / "merged.json").read_text())
+    assert [m["name"] for m in merged["methods"]] == ["plain", "semspec:exact/constant:2", "semspec:exact/constant:4",
+                                                      "semspec:exact/best_constant"]
+    assert merged["merged"]["anchors"] == ["semspec:exact/constant:2"]
+    markdown = (out / "merged.md").read_text()
+    assert "Merged report" in markdown and "| `semspec:exact/best_constant` |" in markdown

@@ -1,5 +1,5 @@
-"""The adaptive draft-length policies: `heuristic` (transformers' schedule), `adaedl`, `svip` and the `tapout`
-bandit. Each rule on worked entropies (both sides of its boundary), the docstrings' worked examples, heuristic
+"""The adaptive draft-length policies: `heuristic` (transformers' schedule), `adaedl`, `svip`, `best_constant` and
+the `tapout` bandit. Each rule on worked entropies (both sides of its boundary), the docstrings' worked examples, heuristic
 against transformers' own `update_candidate_strategy`, AdaEDL's threshold on a scripted stream, the bandits'
 convergence and delegation, config errors, and end to end on the tiny models."""
 
@@ -17,17 +17,19 @@ from transformers.generation.candidate_generator import AssistedCandidateGenerat
 import hf_semspec
 from hf_semspec.draft_length import POLICIES, RoundOutcome
 from hf_semspec.draft_length import adaedl as adaedl_module
+from hf_semspec.draft_length import best_constant as best_constant_module
 from hf_semspec.draft_length import heuristic as heuristic_module
 from hf_semspec.draft_length import svip as svip_module
 from hf_semspec.draft_length import tapout as tapout_module
 from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.adaedl import AdaEDLConfig, AdaEDLPolicy
+from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConstantPolicy, RoundCostFit
 from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
 from hf_semspec.draft_length.svip import SVIPConfig, SVIPPolicy
 from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
 from hf_semspec.errors import SemSpecConfigError
 
-NEW_POLICIES = ["heuristic", "adaedl", "svip", "tapout"]
+NEW_POLICIES = ["heuristic", "adaedl", "svip", "best_constant", "tapout"]
 
 
 # Distributions with a known entropy.
@@ -261,6 +263,112 @@ def test_heuristic_schedule_names_map_to_it_and_instance_persists(attached, clos
         assert next_budget == (min(budget + 2, 128) if o.num_accepted == o.num_drafted else max(1, budget - 1))
 
 
+# best_constant.
+
+
+@pytest.mark.parametrize("rho, best, rates", [(0.2, 3, {1: "1.4167", 2: "1.5643", 3: "1.5831", 4: "1.5406"}),
+                                              (0.1, 4, {3: "1.9485", 4: "1.9808", 5: "1.9608"})])
+def test_best_constant_worked_example(rho, best, rates):
+    # The docstring's example: a constant hazard of 0.3 (S_j = 0.7^j).
+    policy = BestConstantPolicy(BestConstantConfig(cost_ratio=rho, max_tokens=12))
+    policy.survival = lambda: [0.7**j for j in range(13)]
+    assert policy.best_length() == best
+    for gamma, rate in rates.items():
+        expected = sum(0.7**j for j in range(gamma + 1))
+        assert f"{expected / (1 + rho * gamma):.4f}" == rate
+        assert rate in best_constant_module.__doc__
+
+
+def test_best_constant_survival_counts_rejections_and_censoring():
+    # Rounds (k, n) = (4, 1): positions 1–2 at risk, rejected at 2; (4, 4): 1–4 at risk, censored after 4;
+    # (2, 0): position 1 at risk and rejected. No discount.
+    policy = BestConstantPolicy(BestConstantConfig(initial_tokens=4, max_tokens=6, discount=1.0, cost_ratio=0.2))
+    for k, n in [(4, 1), (4, 4), (2, 0)]:
+        policy.observe(outcome(k, n))
+    assert policy.at_risk[1:] == [3.0, 2.0, 1.0, 1.0, 0.0, 0.0]
+    assert policy.rejected[1:] == [1.0, 1.0, 0.0, 0.0, 0.0, 0.0]
+    pooled = (2 + 0.5) / (7 + 1)
+    hazards = [(1 + pooled) / 4, (1 + pooled) / 3, pooled / 2, pooled / 2, pooled, pooled]
+    expected = [1.0]
+    for h in hazards:
+        expected.append(expected[-1] * (1 - h))
+    assert policy.survival() == pytest.approx(expected)
+
+
+def test_best_constant_discount_forgets_old_rounds():
+    policy = BestConstantPolicy(BestConstantConfig(initial_tokens=4, max_tokens=6, discount=0.5, cost_ratio=0.2))
+    policy.observe(outcome(4, 1))
+    policy.observe(outcome(2, 0))
+    assert policy.at_risk[1:3] == [1.5, 0.5] and policy.rejected[1:3] == [1.0, 0.5]
+
+
+def test_best_constant_fits_the_round_cost_and_probes_a_second_length():
+    policy = BestConstantPolicy(BestConstantConfig(initial_tokens=4, max_tokens=16))
+    policy.observe(RoundOutcome(4, 4, seconds=30.0, includes_prefill=True))  # the prefill's time is not a round cost
+    assert policy.costs.count == 0
+    lengths = []
+    for _ in range(6):
+        k = policy.max_tokens()
+        lengths.append(k)
+        policy.observe(RoundOutcome(k, min(k, 2), seconds=0.5 + 0.1 * k))
+    assert policy.costs.coefficients() == pytest.approx((0.5, 0.1))
+    assert policy.cost_ratio() == pytest.approx(0.2)
+    assert len(set(lengths[:2])) == 2  # the second timed round drafted another length, so the fit was determined
+
+
+def test_round_cost_fit_is_undetermined_with_one_length_or_a_negative_slope():
+    fit = RoundCostFit()
+    fit.add(3, 1.0)
+    fit.add(3, 1.2)
+    assert fit.coefficients() is None
+    fit.add(5, 0.9)  # longer rounds were faster: no positive β
+    assert fit.coefficients() is None
+
+
+def geometric_run(rng: random.Random, hazard: float, limit: int) -> int:
+    """Accepted drafts of a round that drafted `limit`, each rejected with probability `hazard` given the ones before."""
+    run_length = 0
+    while run_length < limit and rng.random() > hazard:
+        run_length += 1
+    return run_length
+
+
+@pytest.mark.parametrize("hazard, rho, best", [(0.3, 0.2, 3), (0.3, 0.1, 4), (0.15, 0.1, 7), (0.9, 0.2, 1)])
+def test_best_constant_converges_to_the_best_fixed_length(hazard, rho, best):
+    # A seeded stream of accepted runs N ~ Geometric(hazard) and rounds costing 1 + ρ·k seconds: after 100 rounds the
+    # lengths it drafts have a throughput within 3% of the best length's (E_γ / (1 + ρ·γ), the worked example's).
+    rng = random.Random(0)
+    policy = BestConstantPolicy(BestConstantConfig(initial_tokens=5, max_tokens=32))
+    played = []
+    for _ in range(200):
+        k = policy.max_tokens()
+        policy.observe(outcome(k, geometric_run(rng, hazard, k), seconds=1 + rho * k))
+        played.append(k)
+    assert policy.cost_ratio() == pytest.approx(rho)
+    true_rates = [sum((1 - hazard) ** j for j in range(g + 1)) / (1 + rho * g) for g in range(1, 33)]
+    assert max(range(1, 33), key=lambda g: true_rates[g - 1]) == best
+    chosen_rate = sum(true_rates[k - 1] for k in played[100:]) / 100
+    assert chosen_rate >= 0.97 * true_rates[best - 1]
+    if best == 1:
+        assert played[100:].count(1) >= 95  # a hopeless draft: nearly always one token
+
+
+def test_best_constant_follows_a_change_of_text():
+    # Easy text (hazard 0.05, best length 15) then hard text (hazard 0.6, best length 2), ρ = 0.1.
+    rng = random.Random(0)
+    policy = BestConstantPolicy(BestConstantConfig(initial_tokens=3, max_tokens=16, cost_ratio=0.1))
+    for _ in range(40):
+        k = policy.max_tokens()
+        policy.observe(outcome(k, geometric_run(rng, 0.05, k)))
+    assert policy.max_tokens() >= 10
+    lengths = []
+    for _ in range(40):
+        k = policy.max_tokens()
+        policy.observe(outcome(k, geometric_run(rng, 0.6, k)))
+        lengths.append(policy.max_tokens())
+    assert max(lengths[-10:]) <= 3
+
+
 # TapOut.
 
 
@@ -397,6 +505,17 @@ def test_tapout_delegates_to_the_chosen_arm():
     assert policy.pulls == [1, 1, 1] and policy.history == [0, 1, 2]
 
 
+def test_tapout_arms_carry_their_own_length():
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:3", "constant:8", "heuristic", "adaedl:12"], num_tokens=5))
+    assert [a.max_tokens() for a in policy.arms] == [3, 8, 5, 12]
+    played = []
+    for _ in range(4):  # each arm once first, in order: its budget is the arm's length
+        played.append(policy.max_tokens())
+        policy.observe(outcome(played[-1], 0))
+    assert played == [3, 8, 5, 12]
+    assert list(policy.arm_values()) == ["constant:3", "constant:8", "heuristic", "adaedl:12"]
+
+
 def test_tapout_default_arms_and_blended_reward():
     policy = TapOutPolicy()
     assert policy.arm_names == ["adaedl", "svip", "heuristic"]
@@ -431,9 +550,16 @@ def test_tapout_default_arms_and_blended_reward():
         ("tapout", {"arms": ["tapout"]}, r"`draft_length_kwargs\['arms'\]` = \['tapout'\] .*cannot be its own arm"),
         ("tapout", {"arms": ["adaedl", "fast"]}, r"`draft_length_kwargs\['arms'\]` .*\['fast'\] are not"),
         ("tapout", {"arms": []}, r"`draft_length_kwargs\['arms'\]` = \[\] .*non-empty list"),
-        ("tapout", {"arms": ["svip", "svip"]}, r"`draft_length_kwargs\['arms'\]` .*each name once"),
+        ("tapout", {"arms": ["svip", "svip"]}, r"`draft_length_kwargs\['arms'\]` .*each arm once"),
         ("tapout", {"arms": "svip"}, r"`draft_length_kwargs\['arms'\]` = 'svip' .*type list"),
         ("tapout", {"seed": -1}, r"`draft_length_kwargs\['seed'\]` = -1 "),
+        ("tapout", {"arms": ["constant:0"]}, r"`draft_length_kwargs\['arms'\]` .*lengths in \[1, 128\] after ':' \('constant:0' is not\)"),
+        ("tapout", {"arms": ["constant:x"]}, r"lengths in \[1, 128\] after ':' \('constant:x' is not\)"),
+        ("tapout", {"arms": ["fast:3"]}, r"\['fast:3'\] are not"),
+        ("tapout", {"arms": ["constant:3", "constant:3"]}, r"each arm once"),
+        ("best_constant", {"discount": 0.0}, r"`draft_length_kwargs\['discount'\]` = 0.0 .*\(0, 1\]"),
+        ("best_constant", {"cost_ratio": -0.1}, r"`draft_length_kwargs\['cost_ratio'\]` = -0.1 "),
+        ("best_constant", {"initial_tokens": 40}, r"`draft_length_kwargs\['initial_tokens'\]` = 40 .*max_tokens=32"),
     ],
 )
 def test_bad_options_name_the_field(name, options, message):

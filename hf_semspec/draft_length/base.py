@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 
 from ..component_config import ComponentConfig
+from ..errors import invalid_value
 from ..registry import Registry
 
 
@@ -29,6 +30,26 @@ class DraftLengthConfig(ComponentConfig):
     """Base config of draft-length policies: the options passed as `draft_length_kwargs`."""
 
     argument_name = "draft_length_kwargs"
+
+
+class InitialLengthMixin:
+    """For configs with an `initial_tokens` (None until `generate()` fills it) and a cap `max_tokens`."""
+
+    initial_tokens: int | None
+    max_tokens: int
+
+    def _validate_extra(self) -> None:
+        if self.initial_tokens is not None and self.initial_tokens > self.max_tokens:
+            raise invalid_value(
+                f"{self.argument_name}['initial_tokens']",
+                self.initial_tokens,
+                f"at most max_tokens={self.max_tokens} for '{self.component_name}'",
+                "lower initial_tokens or raise max_tokens",
+            )
+
+    def first_length(self) -> int:
+        """`initial_tokens`, or 5 (every rule's default draft length) for a config built outside `generate()`."""
+        return self.initial_tokens if self.initial_tokens is not None else min(5, self.max_tokens)
 
 
 @dataclass(frozen=True)

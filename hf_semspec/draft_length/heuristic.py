@@ -31,12 +31,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..component_config import Range
-from ..errors import invalid_value
-from .base import DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
+from .base import DraftLengthConfig, DraftLengthPolicy, InitialLengthMixin, RoundOutcome, register_policy
 
 
 @dataclass
-class HeuristicConfig(DraftLengthConfig):
+class HeuristicConfig(InitialLengthMixin, DraftLengthConfig):
     component_name = "heuristic"
     initial_tokens: int | None = field(
         default=None,
@@ -54,15 +53,6 @@ class HeuristicConfig(DraftLengthConfig):
         },
     )
 
-    def _validate_extra(self) -> None:
-        if self.initial_tokens is not None and self.initial_tokens > self.max_tokens:
-            raise invalid_value(
-                f"{self.argument_name}['initial_tokens']",
-                self.initial_tokens,
-                f"at most max_tokens={self.max_tokens} for '{self.component_name}'",
-                "lower initial_tokens or raise max_tokens",
-            )
-
 
 @register_policy
 class HeuristicPolicy(DraftLengthPolicy):
@@ -76,8 +66,7 @@ class HeuristicPolicy(DraftLengthPolicy):
         super().__init__(config)
         # A config built without a length (outside generate()) starts from 5, transformers' first-call value being 20
         # and every rule's default being 5.
-        initial = self.config.initial_tokens
-        self.num_tokens = initial if initial is not None else min(5, self.config.max_tokens)
+        self.num_tokens = self.config.first_length()
 
     def max_tokens(self) -> int:
         return self.num_tokens

@@ -35,11 +35,12 @@ introduces, SVIPDifference and LogitMargin; the bandit can act per draft ("seque
 reward "balances accepted length and rate". Its exact reward formula, weights and arm thresholds were not reachable.
 So: the default arms are the paper's arms that this package has (`adaedl`, `svip`) plus transformers' `heuristic`
 schedule (ours: a third, sync-free arm, cheap when per-token decisions do not pay); `arms=[...]` takes any registered
-names, e.g. "constant" for fixed lengths. The "tokens_per_second" default and the "tokens_per_forward" option are the
-package's choice; "blended" is our reading of the summaries, not the paper's formula. The division by R, playing each
-arm once first and the Gaussian form of Thompson sampling are ours. Arms whose own length option is unset (heuristic's
-initial length, constant's length) get `num_tokens` (num_assistant_tokens, else the acceptance rule's default);
-adaedl and svip keep their own cap of 40. The first round of a `generate()` call also pays the prompt's prefill
+names, each optionally with ":<length>" for the arm's length option, e.g. ["constant:3", "constant:8", "adaedl"]
+(fixed lengths as arms: γ = 3 and γ = 8, and adaedl capped at 40 as by default). The "tokens_per_second" default and
+the "tokens_per_forward" option are the package's choice; "blended" is our reading of the summaries, not the paper's
+formula. The division by R, playing each arm once first and the Gaussian form of Thompson sampling are ours. Arms
+given without a length whose length option is unset (heuristic's initial length, constant's length) get `num_tokens`
+(num_assistant_tokens, else the acceptance rule's default); adaedl and svip keep their own cap of 40. The first round of a `generate()` call also pays the prompt's prefill
 (`RoundOutcome.includes_prefill`), so with the time-based reward it updates the arm but not the bandit.
 
 State: one instance per `generate()` call; pass an instance (`draft_length=TapOutPolicy(...)`) to keep the bandit's
@@ -71,9 +72,17 @@ from ..errors import invalid_value
 from .base import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
 
 DEFAULT_ARMS = ("adaedl", "svip", "heuristic")
+EXAMPLE_ARMS = ("constant:3", "constant:8", "adaedl")
+ARM_LENGTHS = Range(1, 128)
 BANDITS = ("ucb1", "ucb_tuned", "thompson")
 REWARDS = ("tokens_per_second", "tokens_per_forward", "blended")
 _FALLBACK_NUM_TOKENS = 5  # the rules' default draft length, for arms built outside generate()
+
+
+def split_arm(arm: str) -> tuple[str, str | None]:
+    """`"constant:3"` → ("constant", "3"); `"adaedl"` → ("adaedl", None)."""
+    name, colon, length = arm.partition(":")
+    return name, (length if colon else None)
 
 
 @dataclass
@@ -81,7 +90,10 @@ class TapOutConfig(DraftLengthConfig):
     component_name = "tapout"
     arms: list[str] | None = field(
         default=None,
-        metadata={"help": f"registered policy names to choose from; None = {list(DEFAULT_ARMS)}"},
+        metadata={
+            "help": "registered policy names to choose from, each optionally with ':<length>' for its length option "
+            f"(e.g. {list(EXAMPLE_ARMS)}); None = {list(DEFAULT_ARMS)}"
+        },
     )
     bandit: str = field(
         default="ucb1",
@@ -111,15 +123,23 @@ class TapOutConfig(DraftLengthConfig):
             return
         label = f"{self.argument_name}['arms']"
         registered = [n for n in POLICIES.names() if n != self.component_name]
-        fix = f"pass a list of registered policy names, e.g. {list(DEFAULT_ARMS)}"
+        fix = f"pass a list of registered policy names, each optionally with ':<length>', e.g. {list(EXAMPLE_ARMS)}"
         if not self.arms or not all(isinstance(a, str) for a in self.arms):
             raise invalid_value(label, self.arms, f"a non-empty list of names from {registered}", fix)
-        bad = [a for a in self.arms if a not in registered]
+        bad = [a for a in self.arms if split_arm(a)[0] not in registered]
         if bad:
             allowed = f"names from {registered} ({bad} are not; tapout cannot be its own arm)"
             raise invalid_value(label, self.arms, allowed, fix)
+        for arm in self.arms:
+            name, length = split_arm(arm)
+            if length is None:
+                continue
+            if POLICIES.get(name).length_field is None:
+                raise invalid_value(label, self.arms, f"no ':<length>' after {name!r}, which has no length option", fix)
+            if not length.isdigit() or int(length) not in ARM_LENGTHS:
+                raise invalid_value(label, self.arms, f"lengths in {ARM_LENGTHS} after ':' ({arm!r} is not)", fix)
         if len(set(self.arms)) != len(self.arms):
-            raise invalid_value(label, self.arms, "each name once", "remove the repeated names")
+            raise invalid_value(label, self.arms, "each arm once", "remove the repeated arms")
 
 
 @register_policy
@@ -148,13 +168,16 @@ class TapOutPolicy(DraftLengthPolicy):
         self.history: list[int] = []  # the arm of every rewarded round, in order (prefill rounds are not)
         self._rng = random.Random(self.config.seed)
 
-    def _build_arm(self, name: str) -> DraftLengthPolicy:
+    def _build_arm(self, arm: str) -> DraftLengthPolicy:
+        name, length = split_arm(arm)
         policy_class = POLICIES.get(name)
         config = policy_class.config_class.from_kwargs({})
         length_field = policy_class.length_field
-        if length_field is not None and getattr(config, length_field) is None:
+        if length is not None:
+            setattr(config, length_field, int(length))
+        elif length_field is not None and getattr(config, length_field) is None:
             setattr(config, length_field, self.config.num_tokens or _FALLBACK_NUM_TOKENS)
-            config.validate()
+        config.validate()
         return policy_class(config)
 
     # The bandit.

@@ -1,0 +1,106 @@
+"""`python -m benchmarks.merge BASE.json ADDED.json --name NAME`: one report for methods measured in two runs.
+
+Why: to judge a new draft-length policy against the fixed-length sweep of an earlier run without running the sweep
+again (17 methods × 10 prompts took 72 min on the reference CPU). Under greedy decoding a method's target forwards F,
+drafted tokens D and output are deterministic, so the sweep's counts stay valid; only their timings are of that run.
+
+What is checked (a `ValueError` naming what differs, otherwise):
+- the same target and draft, greedy decoding, the same `max_new_tokens` and the same prompts;
+- at least one *anchor*: an hf_semspec method that both runs measured. Every anchor must have made the same F, D and
+  new tokens on every prompt in both runs — the determinism the merge relies on.
+
+What is written: the base run (its methods, records, machine and settings) plus the added run's records of the
+methods the base lacks, under `merged` the two files, the anchors and the machine drift (geometric mean over the
+prompts of plain's tokens/s in the added run over the base run's). Each record keeps the speed-up vs plain of its own
+run (the two runs' plain on the same prompt), so the measured table mixes two runs' noise. The modeled table prices
+every method's F and D at the base run's costs (`metrics.fit_round_costs` of the base records), so it compares what
+the methods did, independently of the run they were timed in.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import metrics, report
+
+
+def _counts(results: dict, method: str) -> dict[str, tuple[int, int, int]]:
+    return {r["prompt_id"]: (r["target_forwards"], r["draft_forwards"], r["new_tokens"])
+            for r in results["records"] if r["method"] == method}
+
+
+def _require_same_setting(base: dict, added: dict) -> None:
+    checks = {
+        "target model": (base["models"]["target"], added["models"]["target"]),
+        "draft model": (base["models"]["draft"], added["models"]["draft"]),
+        "max_new_tokens": (base["config"]["max_new_tokens"], added["config"]["max_new_tokens"]),
+        "prompts": (base["selection"]["prompt_ids"], added["selection"]["prompt_ids"]),
+    }
+    differing = [f"{what}: {a!r} vs {b!r}" for what, (a, b) in checks.items() if a != b]
+    if differing:
+        raise ValueError("the runs differ in " + "; ".join(differing) + ". Fix: run the added methods with the base "
+                         "run's pair, --max-new-tokens and prompt selection.")
+    if base["config"]["sample"] or added["config"]["sample"]:
+        raise ValueError("a run used --sample: sampled outputs are not deterministic, so their forwards cannot be "
+                         "compared across runs. Fix: merge greedy runs only.")
+
+
+def merge_runs(base: dict, added: dict, base_path: str, added_path: str) -> dict:
+    """The merged results dict (see the module docstring); raises `ValueError` when the runs cannot be merged."""
+    _require_same_setting(base, added)
+    base_names = [m["name"] for m in base["methods"]]
+    anchors = [m["name"] for m in added["methods"] if m["name"] in base_names and m["kind"] == "semspec"]
+    if not anchors:
+        raise ValueError(f"no hf_semspec method was measured in both runs (base: {base_names}). Fix: add one of the "
+                         "base run's methods to the added run, e.g. --draft-lengths 'constant:3,<new policy>'.")
+    mismatches = []
+    for name in anchors:
+        then, now = _counts(base, name), _counts(added, name)
+        mismatches += [f"{name} on {pid}: (F, D, new tokens) {then.get(pid)} vs {now.get(pid)}"
+                       for pid in sorted(set(then) | set(now)) if then.get(pid) != now.get(pid)]
+    if mismatches:
+        raise ValueError("the anchors did not repeat exactly, so the runs' counts are not comparable: "
+                         + "; ".join(mismatches[:5]) + ". Fix: use the same commit, models and dtypes as the base run.")
+    new_methods = [m for m in added["methods"] if m["name"] not in base_names]
+    new_names = {m["name"] for m in new_methods}
+    records = base["records"] + [r for r in added["records"] if r["method"] in new_names]
+    methods = base["methods"] + new_methods
+    aggregates = metrics.aggregate(records, [m["name"] for m in methods])
+    costs = base["aggregates"].get("cost_model") or metrics.fit_round_costs(base["records"])
+    aggregates["cost_model"] = costs
+    plain_then, plain_now = ({r["prompt_id"]: r["tokens_per_s"] for r in run["records"] if r["method"] == "plain"}
+                             for run in (base, added))
+    drift = [plain_now[p] / plain_then[p] for p in plain_then if p in plain_now]
+    merged = {
+        "base": base_path,
+        "added": added_path,
+        "added_commit": added["machine"]["git"]["commit"],
+        "added_methods": [m["name"] for m in new_methods],
+        "anchors": anchors,
+        "anchor_generations": sum(len(_counts(added, name)) for name in anchors),
+        "plain_speed_added_over_base": metrics.geometric_mean(drift) if drift else None,
+    }
+    return {**base, "methods": methods, "aggregates": aggregates, "records": records, "merged": merged}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("base", type=Path, help="results JSON of the run with the reference methods (the sweep)")
+    parser.add_argument("added", type=Path, help="results JSON of a run with new methods and at least one anchor")
+    parser.add_argument("--name", required=True, help="stem of the merged .json/.md/.png")
+    parser.add_argument("--output-dir", type=Path, default=None, help="default: the base run's folder")
+    args = parser.parse_args(argv)
+    base, added = (json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.added))
+    results = merge_runs(base, added, args.base.name, args.added.name)
+    folder = args.output_dir or args.base.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    report.write_json(folder / f"{args.name}.json", results)
+    (folder / f"{args.name}.md").write_text(report.render_markdown(results), encoding="utf-8")
+    report.write_plot(folder / f"{args.name}.png", results)
+    print(f"Wrote {args.name}.json/.md to {folder}")
+
+
+if __name__ == "__main__":
+    main()

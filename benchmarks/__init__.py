@@ -8,5 +8,7 @@ Run it as `python benchmarks/run.py --help`. The modules are small on purpose:
 - `metrics.py`   — the shared token counter, the target-forward counter, GSM8K answer parsing, aggregation;
 - `profiling.py` — where the time goes (torch.profiler ranges of the decoding loop);
 - `report.py`    — machine info, the JSON results, the Markdown table and the optional PNG plot;
-- `run.py`       — the command line and the main flow.
+- `run.py`       — the command line and the main flow;
+- `merge.py`     — one report for new methods and an earlier run's sweep, checked on shared *anchor* methods;
+- `replay.py`    — fixed-budget draft-length policies replayed on recorded `exact` greedy acceptance traces.
 """

@@ -21,7 +21,7 @@ if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed
     sys.path.insert(0, str(REPO_ROOT))
 
 import hf_semspec  # noqa: E402
-from benchmarks import data, merge, methods, metrics, models, report, run  # noqa: E402
+from benchmarks import data, merge, methods, metrics, models, replay, report, run  # noqa: E402
 from hf_semspec.errors import SemSpecConfigError  # noqa: E402
 from hf_semspec.rules import RULES  # noqa: E402
 from hf_semspec.rules.exact import ExactRule  # noqa: E402
@@ -659,3 +659,81 @@ def test_merge_end_to_end_on_two_tiny_runs(tmp_path):
     assert merged["merged"]["anchors"] == ["semspec:exact/constant:2"]
     markdown = (out / "merged.md").read_text()
     assert "Merged report" in markdown and "| `semspec:exact/best_constant` |" in markdown
+
+
+# Replaying fixed-budget policies on recorded acceptance traces.
+
+COSTS = {"seconds_per_target_forward": 0.5, "seconds_per_draft_forward": 0.1}
+
+
+def test_accepted_runs_count_right_predictions_in_a_row():
+    assert replay.accepted_runs([1, 2, 9, 4, 5], [1, 2, 3, 4, 5]) == [2, 1, 0, 2, 1]
+
+
+def test_replay_makes_the_live_loops_rounds_on_worked_runs():
+    # Every prediction right, 10 tokens, γ = 3: rounds draft 3, 3, then 1 (the cap max_new_tokens − emitted − 1),
+    # accept all and emit 4, 4, 2.
+    runs = list(range(10, 0, -1))
+    assert replay.replay(methods.build_policy("constant", 3, 5), runs, 10, COSTS) == {
+        "target_forwards": 3, "draft_forwards": 7, "new_tokens": 10}
+    # Predictions wrong at positions 2 and 5 (0-based) of 8: runs 2 1 0 2 1 0 2 1; γ = 3 rounds start at 0 (accept
+    # 2, emit 3), 3 (accept 2, emit 3), 6 (budget 1, accept 1, emit 2).
+    runs = replay.accepted_runs([1, 1, 0, 1, 1, 0, 1, 1], [1] * 8)
+    assert runs == [2, 1, 0, 2, 1, 0, 2, 1]
+    assert replay.replay(methods.build_policy("constant", 3, 5), runs, 8, COSTS) == {
+        "target_forwards": 3, "draft_forwards": 7, "new_tokens": 8}
+
+
+def test_replay_refuses_policies_that_decide_per_token():
+    with pytest.raises(ValueError, match="decides per drafted token"):
+        replay.replay(methods.build_policy("svip", None, 5), [1, 0], 2, COSTS)
+    fixed_arms = methods.build_policy("tapout", None, 5, {"arms": ["constant:3", "best_constant"]})
+    assert replay.fixed_budget(fixed_arms) and not replay.fixed_budget(methods.build_policy("tapout", None, 5))
+
+
+@pytest.mark.parametrize("entry", ["constant:2", "constant:4", "heuristic", "best_constant(cost_ratio=0.2)",
+                                   'tapout(arms=["constant:2","constant:5"];reward=tokens_per_forward)'])
+def test_replay_reproduces_the_live_loop_on_tiny_models(entry):
+    # The trace of the target's greedy output and the draft's teacher-forced predictions replays the rounds that
+    # generate() makes: same target forwards and drafted tokens (timing-free options, so both see the same inputs).
+    pair = tiny_pair("tiny")
+    prompt = data.Prompt("p", "c", "Write a long poem about the sea.", 24)
+    trace = replay.record_trace(pair, prompt, eos_ids=[])
+    (spec,) = methods.parse_draft_lengths(entry)
+    replayed = replay.replay(methods.build_policy(spec.policy, spec.tokens, 5, dict(spec.options)), trace["runs"], 24,
+                             COSTS)
+    live_policy = methods.build_policy(spec.policy, spec.tokens, 5, dict(spec.options))
+    hf_semspec.attach(pair.target)
+    try:
+        out = pair.target.generate(**pair.encode(prompt.text), assistant_model=pair.draft, acceptance="exact",
+                                   draft_length=live_policy, max_new_tokens=24, min_new_tokens=24,
+                                   return_dict_in_generate=True)
+    finally:
+        hf_semspec.detach(pair.target)
+    stats = out.acceptance_stats
+    assert out.sequences[0, -24:].tolist() == trace["tokens"]
+    assert (replayed["target_forwards"], replayed["draft_forwards"]) == (stats.num_target_forwards, stats.num_drafted)
+    assert 0 < stats.num_accepted < stats.num_drafted  # the trace has both right and wrong predictions
+
+
+def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    costs_file = tmp_path / "live.json"
+    costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
+    argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
+            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:2,constant:4,best_constant"]
+    results = replay.main(argv + ["--name", "first"], load_pair=tiny_pair)
+    assert [t["prompt_id"] for t in results["traces"]] == ["specbench_question:2", "specbench_question:3"]
+    assert len(results["records"]) == 3 * 2
+    markdown = (tmp_path / "out" / "first.md").read_text()
+    assert "`best_constant`" in markdown and "0.500 s per target forward" in markdown
+    again = replay.main(argv + ["--name", "again", "--traces", str(tmp_path / "out" / "first.json")],
+                        load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
+    assert again["records"] == results["records"]
+    live = [{**r, "target_forwards": r["target_forwards"] + (r["prompt_id"].endswith(":3"))}
+            for r in results["records"] if r["method"] == "semspec:exact/constant:2"]
+    (tmp_path / "live_run.json").write_text(json.dumps({"records": live}))
+    checked = replay.check_against(tmp_path / "live_run.json", results["records"])
+    assert checked == {"semspec:exact/constant:2": {"identical": 1, "prompts": 2}}
+    with pytest.raises(ValueError, match="decides per drafted token"):
+        replay.main(argv[:-1] + ["adaedl"], load_pair=tiny_pair)

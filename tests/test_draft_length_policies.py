@@ -1,6 +1,6 @@
 """The adaptive draft-length policies: `heuristic` (transformers' schedule), `adaedl`, `svip`, `best_constant` and
-the `tapout` bandit. Each rule on worked entropies (both sides of its boundary), the docstrings' worked examples, heuristic
-against transformers' own `update_candidate_strategy`, AdaEDL's threshold on a scripted stream, the bandits'
+the `tapout` bandit. Each rule on worked entropies (both sides of its boundary), the docstrings' worked examples,
+heuristic against transformers' own `update_candidate_strategy`, AdaEDL's threshold on a scripted stream, the bandits'
 convergence and delegation, config errors, and end to end on the tiny models."""
 
 from __future__ import annotations

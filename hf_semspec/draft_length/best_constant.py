@@ -1,9 +1,10 @@
 """`best_constant`: each round, the fixed draft length that the rounds so far say is fastest.
 
 No paper of its own: this is the optimal-γ analysis of Leviathan, Kalman & Matias, "Fast Inference from Transformers
-via Speculative Decoding" (ICML 2023, §3.3–3.4, https://arxiv.org/abs/2211.17192), with its two inputs learned
-online instead of assumed: the acceptance profile (the paper assumes every draft is accepted with the same α) and the
-cost of a drafted token relative to the target's forward (the paper's c).
+via Speculative Decoding" (ICML 2023, §3: expected tokens per step, the cost coefficient c and the choice of γ;
+https://arxiv.org/abs/2211.17192), with its two inputs learned online instead of assumed: the acceptance profile
+(the paper assumes every draft is accepted with the same α) and the cost of a drafted token relative to the target's
+forward (the paper's c).
 
 A round that drafts γ tokens emits 1 + min(N, γ) tokens, where N is the round's *accepted run*: how many leading
 drafts the rule would accept if drafting had no limit. A verified round with k drafted and n accepted shows N = n when
@@ -12,12 +13,14 @@ not only the one it drafted, and the policy needs no exploration arm by arm:
 
     survival     S_0 = 1,  S_j = Π_{i ≤ j} (1 − ĥ_i)           the probability that N ≥ j
     hazard       ĥ_j = (d_j + h̄) / (r_j + 1)                     discounted Kaplan–Meier, shrunk by one pseudo-round
-                                                                 towards the pooled hazard h̄ = (Σ_j d_j + ½) / (Σ_j r_j + 1)
+                                                                 towards the pooled hazard h̄ below
+    pooled       h̄ = (Σ_j d_j + ½) / (Σ_j r_j + 1)
     at risk      r_j = Σ_t δ^(T−t) · [k_t ≥ j and n_t ≥ j − 1]   rounds that drafted position j with 1..j−1 accepted
     rejected     d_j = Σ_t δ^(T−t) · [n_t = j − 1 < k_t]         rounds whose first rejection was position j
     tokens       E_γ = Σ_{j=0..γ} S_j                            expected tokens of a round that drafts γ
-    time         C_γ = α + β · γ                                  least squares over the timed rounds' seconds
-    next length  γ* = argmax_{1 ≤ γ ≤ max_tokens} E_γ / C_γ = argmax E_γ / (1 + ρ·γ),  ρ = β / α
+    time         C_γ = t_0 + t_1 · γ                              least squares over the timed rounds' seconds
+    next length  γ* = argmax_{1 ≤ γ ≤ max_tokens} E_γ / C_γ
+                    = argmax E_γ / (1 + ρ·γ)                      ρ = t_1 / t_0 (the paper's c, per drafted token)
 
 With a constant hazard h this is the paper's expected-tokens formula, E_γ = (1 − α^(γ+1)) / (1 − α) with α = 1 − h,
 and its cost-normalized optimum; positions never yet drafted get the pooled hazard, i.e. that geometric tail.
@@ -27,11 +30,11 @@ pooled ½ / 1 prior), the cost fit and its fallbacks are ours. The discount (def
 about half a 64-token answer at τ ≈ 3) lets the length follow the text: the best fixed length changes with the task
 (on the reference pair, γ = 3 for prose and γ = 8 for translation). On synthetic streams (geometric runs, hazards
 0.1–0.5) it drafts lengths whose throughput is 98.5–99.9% of the best length's, against 99.0–99.9% with δ = 0.95,
-and it comes down from a long length after a switch to hard text in half the rounds. The first round of a `generate()` call drafts
-`initial_tokens`; its time includes the prompt's prefill, so it feeds the survival estimate but not the cost fit.
-Until two different lengths have been timed, ρ is 0.1, and the policy drafts one token more (or fewer, at the cap)
-than the single length timed so far so that the fit becomes determined; `cost_ratio=` fixes ρ instead (e.g. from a
-profile) and skips the fit. With the relaxed rules (`fly`'s deferred window) the accepted count is not exactly a run
+and it comes down from a long length after a switch to hard text in half the rounds. The first round of a
+`generate()` call drafts `initial_tokens`; its time includes the prompt's prefill, so it feeds the survival estimate
+but not the cost fit. Until two different lengths have been timed, ρ is 0.1, and the policy drafts one token more
+(or fewer, at the cap) than the single length timed so far so that the fit becomes determined; `cost_ratio=` fixes ρ
+instead (e.g. from a profile) and skips the fit. With the relaxed rules (`fly`'s deferred window) the accepted count is not exactly a run
 length; the estimate then treats it as one. Fixed budget per round: no host sync while drafting.
 
 Worked example (ρ = 0.2; rounds with a constant hazard h = 0.3, so S_j = 0.7^j):
@@ -77,15 +80,15 @@ class BestConstantConfig(InitialLengthMixin, DraftLengthConfig):
     cost_ratio: float | None = field(
         default=None,
         metadata={
-            "help": "ρ = β/α, the time of one drafted token over the rest of a round; None = fitted to the rounds' "
-            "times",
+            "help": "ρ = t_1/t_0, the time of one drafted token over the rest of a round; None = fitted to the "
+            "rounds' times",
             "range": POSITIVE,
         },
     )
 
 
 class RoundCostFit:
-    """Least squares of a round's seconds on its drafted tokens, s = α + β·k, over every round it was given."""
+    """Least squares of a round's seconds on its drafted tokens, s = t_0 + t_1·k, over every round it was given."""
 
     def __init__(self):
         self.count = 0
@@ -101,13 +104,13 @@ class RoundCostFit:
         self.lengths.add(num_drafted)
 
     def coefficients(self) -> tuple[float, float] | None:
-        """(α, β), or None while the lengths seen do not determine a fit with α > 0 and β > 0."""
+        """(t_0, t_1), or None while the lengths seen do not determine a fit with t_0 > 0 and t_1 > 0."""
         spread = self.count * self.sum_kk - self.sum_k**2
         if len(self.lengths) < 2 or spread <= 0:
             return None
-        beta = (self.count * self.sum_ks - self.sum_k * self.sum_s) / spread
-        alpha = (self.sum_s - beta * self.sum_k) / self.count
-        return (alpha, beta) if alpha > 0 and beta > 0 else None
+        per_token = (self.count * self.sum_ks - self.sum_k * self.sum_s) / spread
+        fixed = (self.sum_s - per_token * self.sum_k) / self.count
+        return (fixed, per_token) if fixed > 0 and per_token > 0 else None
 
 
 @register_policy
@@ -129,7 +132,7 @@ class BestConstantPolicy(DraftLengthPolicy):
         self.num_tokens = self.config.first_length()
 
     def cost_ratio(self) -> float:
-        """ρ = β / α: given, fitted, or 0.1 while the fit is undetermined."""
+        """ρ = t_1 / t_0: given, fitted, or 0.1 while the fit is undetermined."""
         if self.config.cost_ratio is not None:
             return self.config.cost_ratio
         fit = self.costs.coefficients()

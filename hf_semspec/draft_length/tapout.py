@@ -40,8 +40,9 @@ names, each optionally with ":<length>" for the arm's length option, e.g. ["cons
 the "tokens_per_forward" option are the package's choice; "blended" is our reading of the summaries, not the paper's
 formula. The division by R, playing each arm once first and the Gaussian form of Thompson sampling are ours. Arms
 given without a length whose length option is unset (heuristic's initial length, constant's length) get `num_tokens`
-(num_assistant_tokens, else the acceptance rule's default); adaedl and svip keep their own cap of 40. The first round of a `generate()` call also pays the prompt's prefill
-(`RoundOutcome.includes_prefill`), so with the time-based reward it updates the arm but not the bandit.
+(num_assistant_tokens, else the acceptance rule's default); adaedl and svip keep their own cap of 40. The first round
+of a `generate()` call also pays the prompt's prefill (`RoundOutcome.includes_prefill`), so with the time-based reward
+it updates the arm but not the bandit.
 
 State: one instance per `generate()` call; pass an instance (`draft_length=TapOutPolicy(...)`) to keep the bandit's
 statistics and the arms' state across calls. `arm_values()` shows what it learned.

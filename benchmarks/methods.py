@@ -61,6 +61,9 @@ class Method:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
                 "rule_kwargs": self.rule_kwargs, "draft_length": self.draft_length,
                 "draft_length_kwargs": self.draft_length_kwargs,
+                # Every option with its value in this run, defaults included: a later default change cannot
+                # make an old results file mean something else.
+                "draft_length_config": self.policy.config.to_dict() if self.policy is not None else None,
                 "draft": "pruned_draft" if self.uses_pruned_draft else "draft"}
 
 

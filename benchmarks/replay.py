@@ -16,18 +16,31 @@ longer than the live benchmark can afford on this CPU (one 64-token generation p
 Each round is timed by the cost model of a live run, t = a + b·k (`metrics.fit_round_costs`), which the policies see
 as the round's seconds; modeled tokens/s = new tokens / (a·F + b·D), as in the live report's modeled tables.
 
-Limits: `exact` and greedy only (a relaxed rule's acceptance depends on more than the prefix); policies that decide
-per drafted token (`adaedl`, `svip`, tapout arms among them) need the draft's distribution on its own continuation,
-so they are refused. `--check RESULTS.json` compares the replayed F and D of every method that the live run also
-measured, prompt by prompt (the draft is bf16 and runs incrementally live, so a near-tie can go the other way).
+Policies that end a round early (`adaedl`, `svip`, and tapout over them) decide after each drafted token from the
+entropy H(q) of the distribution the token was drawn from, so the trace also keeps the draft's teacher-forced
+entropy at every position. Up to and including a round's first wrong draft the draft conditions on the target's own
+text, so those entropies, the decisions made on them, the accepted tokens and hence F are exact. Past it the live
+draft continues from its own wrong token, whose entropies no trace of the target's text holds; the replay uses the
+entropies at the same positions of the target's text. That only changes how many already-rejected tokens the round
+drafts (D), and through the round's time and k what an adaptive policy learns from it. The draft is surer on the
+target's text than after its own wrong token, so the replay drafts more: `adaedl` 130 tokens against 83 live on the
+coding prompt of `replay-exact-1x64`, and 0.88 of its live modeled speed over that run. Read an entropy policy's
+replayed speed as a lower bound.
+
+Limits: `exact` and greedy only (a relaxed rule's acceptance depends on more than the prefix); a per-token policy
+is replayed only if it reads q through H(q) alone (`ENTROPY_POLICIES`). `--check RESULTS.json` compares the
+replayed F and D of every method that the live run also measured, prompt by prompt (the draft is bf16 and runs
+incrementally live, so a near-tie can go the other way).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import time
+import math
 import os
+import random
+import time
 from pathlib import Path
 
 os.environ.setdefault("MKL_CBWR", "AUTO")  # as benchmarks/run.py, before torch is imported
@@ -35,6 +48,7 @@ os.environ.setdefault("MKL_CBWR", "AUTO")  # as benchmarks/run.py, before torch 
 import torch
 
 from hf_semspec.draft_length import DraftLengthPolicy, RoundOutcome
+from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.tapout import TapOutPolicy
 from hf_semspec.rules import RULES
 
@@ -49,47 +63,99 @@ def accepted_runs(draft_predictions: list[int], tokens: list[int]) -> list[int]:
     return runs[:-1]
 
 
-def fixed_budget(policy: DraftLengthPolicy) -> bool:
-    """True when the policy never ends a round early (for tapout: none of its arms does)."""
-    if isinstance(policy, TapOutPolicy):
-        return all(not arm.decides_per_token for arm in policy.arms)
-    return not policy.decides_per_token
+# Per-token policies whose `keep_drafting` reads q only through its entropy H(q): a trace's entropies replay them.
+ENTROPY_POLICIES = frozenset({"adaedl", "svip"})
 
 
-def replay(policy: DraftLengthPolicy, runs: list[int], max_new_tokens: int, costs: dict) -> dict:
+def replayable(policy: DraftLengthPolicy) -> bool:
+    """True when every round of `policy` (for tapout: of each arm) has a fixed budget or ends on H(q) alone."""
+    parts = policy.arms if isinstance(policy, TapOutPolicy) else [policy]
+    return all(not part.decides_per_token or part.name in ENTROPY_POLICIES for part in parts)
+
+
+def probs_with_entropy(entropy_nats: float) -> torch.Tensor:
+    """A distribution q of shape `(1, n)` with H(q) = `entropy_nats`: one token at x, the other n − 1 sharing 1 − x.
+
+    H falls from ln n at x = 1/n to 0 at x = 1, so with n = ⌈e^H⌉ + 1 a bisection on x finds it. The entropy
+    policies read q only through H(q), so this stands for the draft's distribution at a recorded position."""
+    n = max(2, math.ceil(math.exp(entropy_nats)) + 1)
+
+    def h(x: float) -> float:
+        rest = (1 - x) / (n - 1)
+        return -(x * math.log(x) if x > 0 else 0.0) - ((n - 1) * rest * math.log(rest) if rest > 0 else 0.0)
+
+    low, high = 1 / n, 1.0  # h(low) = ln n ≥ entropy_nats ≥ 0 = h(high)
+    for _ in range(60):
+        middle = (low + high) / 2
+        low, high = (middle, high) if h(middle) > entropy_nats else (low, middle)
+    x = (low + high) / 2
+    return torch.tensor([[x] + [(1 - x) / (n - 1)] * (n - 1)], dtype=torch.float64)
+
+
+def replay(
+    policy: DraftLengthPolicy,
+    runs: list[int],
+    max_new_tokens: int,
+    costs: dict,
+    entropies: list[float] | None = None,
+    time_noise: float = 0.0,
+    rng: random.Random | None = None,
+) -> dict:
     """The rounds `policy` would make over one output whose accepted runs are `runs` (its length is the output's).
 
-    As the live loop: a round drafts min(policy budget, max_new_tokens − emitted − 1) tokens, the rule accepts
-    min(run, drafted), the round emits one more token (cut at the end of the output), and the policy observes the round
-    with the cost model's seconds. Returns `{"target_forwards": F, "draft_forwards": D, "new_tokens"}`.
+    As the live loop: a round's budget is min(policy budget, max_new_tokens − emitted − 1); a per-token policy is
+    asked after each drafted token but the last of the budget whether to go on, with the distribution of the token
+    at that position (`entropies[i]`: H of the draft's q for output token i; past the output's end, the last one);
+    the rule accepts min(run, drafted), the round emits one more token (cut at the end of the output), and the policy
+    observes the round with the cost model's seconds, times exp(σ·z), z ~ N(0, 1) from `rng`, with σ = `time_noise`
+    (a live round's time scatters around the model; the returned counts are still priced without noise). Returns
+    `{"target_forwards": F, "draft_forwards": D, "new_tokens"}`.
     """
-    if not fixed_budget(policy):
-        raise ValueError(f"replay: {type(policy).__name__} decides per drafted token, which needs the draft's "
-                         "distribution on its own continuation. Fix: replay fixed-budget policies only.")
+    if not replayable(policy):
+        raise ValueError(f"replay: {type(policy).__name__} decides per drafted token from more than the draft's "
+                         f"entropy, which a trace does not hold. Fix: replay fixed-budget policies or "
+                         f"{sorted(ENTROPY_POLICIES)}.")
     a, b = costs["seconds_per_target_forward"], costs["seconds_per_draft_forward"]
-    emitted = forwards = drafted = 0
+    emitted = forwards = drafted_total = 0
     while emitted < len(runs):
         budget = max(0, min(policy.max_tokens(), max_new_tokens - emitted - 1))
-        accepted = min(runs[emitted], budget)
-        policy.observe(RoundOutcome(budget, accepted, a + b * budget, includes_prefill=forwards == 0))
+        drafted = budget
+        if policy.decides_per_token and budget > 1:  # read after max_tokens(): tapout narrows it to the round's arm
+            if entropies is None:
+                raise ValueError("replay: a per-token policy needs the trace's draft entropies, which this trace "
+                                 "does not hold. Fix: record the traces again (without --traces).")
+            drafted = 0
+            while drafted < budget:
+                drafted += 1
+                position = min(emitted + drafted - 1, len(entropies) - 1)
+                probs = probs_with_entropy(entropies[position]) if policy.reads_draft_probs else None
+                if drafted < budget and not policy.keep_drafting(drafted, probs):
+                    break
+        accepted = min(runs[emitted], drafted)
+        seconds = (a + b * drafted) * (math.exp(time_noise * rng.gauss(0.0, 1.0)) if time_noise > 0 else 1.0)
+        policy.observe(RoundOutcome(drafted, accepted, seconds, includes_prefill=forwards == 0))
         forwards += 1
-        drafted += budget
+        drafted_total += drafted
         emitted = min(emitted + accepted + 1, len(runs))
-    return {"target_forwards": forwards, "draft_forwards": drafted, "new_tokens": len(runs)}
+    return {"target_forwards": forwards, "draft_forwards": drafted_total, "new_tokens": len(runs)}
 
 
 @torch.no_grad()
 def record_trace(pair: models.ModelPair, prompt: data.Prompt, eos_ids: list[int]) -> dict:
-    """The target's greedy output for `prompt` and the draft's teacher-forced predictions over it."""
+    """The target's greedy output for `prompt`, and over it the draft's teacher-forced predictions and the entropy
+    (nats) of its distribution at each position, computed as the live draft loop computes q (softmax of the logits)."""
     inputs = pair.encode(prompt.text)
     length = inputs["input_ids"].shape[1]
     out = type(pair.target).generate(pair.target, **inputs, do_sample=False, max_new_tokens=prompt.max_new_tokens)
     tokens = metrics.new_token_ids(out, length, eos_ids)
     full = out[:, : length + len(tokens)]
     logits = pair.draft(input_ids=full, attention_mask=torch.ones_like(full)).logits
-    predictions = logits[0, length - 1 : length - 1 + len(tokens)].argmax(-1).tolist()
+    over_output = logits[0, length - 1 : length - 1 + len(tokens)]
+    predictions = over_output.argmax(-1).tolist()
+    entropies = [round(h, 6) for h in entropy(over_output.softmax(-1)).tolist()]
     return {"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_tokens": length,
-            "max_new_tokens": prompt.max_new_tokens, "tokens": tokens, "runs": accepted_runs(predictions, tokens)}
+            "max_new_tokens": prompt.max_new_tokens, "tokens": tokens, "runs": accepted_runs(predictions, tokens),
+            "entropies": entropies}
 
 
 def load_costs(path: Path) -> dict:
@@ -101,16 +167,29 @@ def load_costs(path: Path) -> dict:
     return {**costs, "source": path.name}
 
 
-def check_against(results_path: Path, records: list[dict]) -> dict:
-    """Per method that both measured: how many prompts' replayed (F, D) equal the live run's."""
-    live = {(r["method"], r["prompt_id"]): (r["target_forwards"], r["draft_forwards"])
-            for r in json.loads(results_path.read_text(encoding="utf-8"))["records"]}
+def check_against(results_path: Path, records: list[dict], costs: dict, methods: list[dict] = ()) -> dict:
+    """Per method that both measured: how many prompts' replayed (F, D) equal the live run's, and the geometric mean
+    over the prompts of replayed / live modeled tokens/s (how far a mismatch moves the comparison). A method whose
+    two runs both record its policy's options (`draft_length_config`) and disagree is a different policy under the
+    same name (a default changed in between) and is left out."""
+    results = json.loads(results_path.read_text(encoding="utf-8"))
+    live = {(r["method"], r["prompt_id"]): r for r in results["records"]}
+    live_configs = {m["name"]: m.get("draft_length_config") for m in results.get("methods", [])}
+    different = {m["name"] for m in methods
+                 if None not in (m.get("draft_length_config"), live_configs.get(m["name"]))
+                 and m["draft_length_config"] != live_configs[m["name"]]}
     checked: dict[str, list[bool]] = {}
+    ratios: dict[str, list[float]] = {}
     for r in records:
-        key = (r["method"], r["prompt_id"])
-        if key in live:
-            checked.setdefault(r["method"], []).append(live[key] == (r["target_forwards"], r["draft_forwards"]))
-    return {name: {"identical": sum(same), "prompts": len(same)} for name, same in checked.items()}
+        measured = live.get((r["method"], r["prompt_id"]))
+        if measured is None or r["method"] in different:
+            continue
+        counts = ("target_forwards", "draft_forwards")
+        checked.setdefault(r["method"], []).append(all(measured[c] == r[c] for c in counts))
+        ratios.setdefault(r["method"], []).append(
+            metrics.modeled_tokens_per_s(r, costs) / metrics.modeled_tokens_per_s(measured, costs))
+    return {name: {"identical": sum(same), "prompts": len(same), "modeled_ratio": metrics.geometric_mean(ratios[name])}
+            for name, same in checked.items()}
 
 
 def render(results: dict) -> str:
@@ -126,20 +205,38 @@ def render(results: dict) -> str:
         f"- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. "
         f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
+    seeds = sorted({r.get("seed", results["seed"]) for r in results["records"]})
+    if results.get("round_time_noise"):
+        seeds_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]} to {seeds[-1]}, a fresh policy each"
+        lines.append(f"- The policies saw each round's modeled seconds times exp(σ·z), z ~ N(0, 1), σ = "
+                     f"{results['round_time_noise']} ({seeds_text}), as live rounds scatter; the table prices their "
+                     "rounds without noise" + (", and shows the mean over the seeds." if len(seeds) > 1 else "."))
     if results.get("check"):
-        checks = ", ".join(f"`{name.split('/', 1)[1]}` {c['identical']} of {c['prompts']}"
-                           for name, c in results["check"].items())
+        checks = ", ".join(f"`{name.split('/', 1)[1]}` {c['identical']} of {c['prompts']} "
+                           f"({c['modeled_ratio']:.2f})" for name, c in results["check"].items())
         lines.append(f"- Against the live run `{results['check_source']}`: prompts where the replayed F and D equal the "
-                     f"measured ones: {checks}.")
+                     f"measured ones (in brackets, replayed / live modeled tokens/s, geometric mean): {checks}.")
     values: dict[str, dict[str, float]] = {}
+    overall_per_seed: dict[str, list[float]] = {}
     for label in ["overall"] + list(dict.fromkeys(t["category"] for t in results["traces"])):
         for m in results["methods"]:
-            mine = [r for r in results["records"] if r["method"] == m["name"] and label in ("overall", r["category"])]
-            values.setdefault(label, {})[m["name"]] = metrics.geometric_mean(
-                [metrics.modeled_tokens_per_s(r, costs) for r in mine])
+            per_seed = []
+            for seed in seeds:
+                mine = [r for r in results["records"] if r["method"] == m["name"] and r.get("seed", seeds[0]) == seed
+                        and label in ("overall", r["category"])]
+                per_seed.append(metrics.geometric_mean([metrics.modeled_tokens_per_s(r, costs) for r in mine]))
+            values.setdefault(label, {})[m["name"]] = sum(per_seed) / len(per_seed)
+            if label == "overall":
+                overall_per_seed[m["name"]] = per_seed
     lines += ["", "## Modeled tokens/s: best fixed length vs the policies", "",
               "In brackets, the ratio to the best `constant` length in the row.", ""]
     lines += report._policy_tables(results["methods"], values, " tok/s")
+    if len(seeds) > 1:
+        fixed = {m["name"] for m in results["methods"] if m["draft_length"] == "constant"}
+        lines += ["", f"Overall modeled tokens/s over the {len(seeds)} seeds (the fixed lengths do not depend on them):",
+                  "", "| method | mean | min | max |", "| --- | --- | --- | --- |"]
+        lines += [f"| `{name.split('/', 1)[1]}` | {sum(v) / len(v):.2f} | {min(v):.2f} | {max(v):.2f} |"
+                  for name, v in overall_per_seed.items() if name not in fixed]
     return "\n".join(lines) + "\n"
 
 
@@ -147,11 +244,17 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     """Records (or reloads) the traces, replays every policy, writes <name>.json and <name>.md; returns the results.
     `load_pair` is injectable, as in `benchmarks/run.py`, so the tests run it on tiny models."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--draft-lengths", required=True, help="fixed-budget policies, as in benchmarks/run.py")
+    parser.add_argument("--draft-lengths", required=True, help="policies as in benchmarks/run.py: fixed-budget ones, "
+                        "adaedl, svip, and tapout over such arms")
     parser.add_argument("--costs", type=Path, required=True, help="a live run's results JSON: its cost model times "
                         "the rounds")
     parser.add_argument("--traces", type=Path, default=None, help="reuse the traces of an earlier replay's JSON")
     parser.add_argument("--check", type=Path, default=None, help="a live run on the same prompts to compare F, D with")
+    parser.add_argument("--round-time-noise", type=float, default=0.0, help="σ: the policies see each round's "
+                        "modeled seconds times exp(σ·z), z ~ N(0, 1), as live rounds scatter (0 = none)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the round-time noise (one stream per policy)")
+    parser.add_argument("--seeds", type=int, default=1, help="with --round-time-noise: replay every policy this many "
+                        "times, from a fresh instance, with seeds seed, seed+1, ...; the table averages them")
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--prompts-per-category", type=int, default=1)
     parser.add_argument("--selection", choices=("shortest", "spread", "first"), default="shortest")
@@ -168,8 +271,15 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     built = [(f"semspec:exact/{s.label}", s, methods.build_policy(s.policy, s.tokens, default_tokens, dict(s.options)))
              for s in specs]
     for name, _, policy in built:
-        if not fixed_budget(policy):
-            raise ValueError(f"--draft-lengths: {name} decides per drafted token; replay takes fixed-budget policies")
+        if not replayable(policy):
+            raise ValueError(f"--draft-lengths: {name} decides per drafted token from more than the draft's entropy; "
+                             f"replay takes fixed-budget policies and {sorted(ENTROPY_POLICIES)}")
+    if args.round_time_noise < 0:
+        raise ValueError(f"--round-time-noise: got {args.round_time_noise}; expected σ >= 0. Fix: pass 0 for none.")
+    if args.seeds < 1 or (args.seeds > 1 and args.round_time_noise == 0):
+        raise ValueError(f"--seeds: got {args.seeds} with --round-time-noise {args.round_time_noise}; expected 1, or "
+                         "more only with noise (without it every seed replays the same rounds). Fix: pass "
+                         "--round-time-noise σ > 0, or --seeds 1.")
     costs = load_costs(args.costs)
 
     # 2. Traces: the target's greedy output and the draft's predictions over it, per prompt.
@@ -197,17 +307,26 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     # 3. Replay every policy over the prompts, one instance each.
     records = []
     for name, spec, policy in built:
-        for trace in traces:
-            counts = replay(policy, trace["runs"], trace["max_new_tokens"], costs)
-            records.append({"method": name, "prompt_id": trace["prompt_id"], "category": trace["category"], **counts})
+        for seed in range(args.seed, args.seed + args.seeds):
+            if seed != args.seed:  # every seed replays from an untrained policy
+                policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
+            rng = random.Random(seed)
+            for trace in traces:
+                counts = replay(policy, trace["runs"], trace["max_new_tokens"], costs, trace.get("entropies"),
+                                args.round_time_noise, rng)
+                records.append({"method": name, "prompt_id": trace["prompt_id"], "category": trace["category"],
+                                "seed": seed, **counts})
     results = {
         "models": model_names, "selection": selection, "costs": costs, "trace_seconds": trace_seconds,
+        "round_time_noise": args.round_time_noise, "seed": args.seed, "seeds": args.seeds,
         "methods": [{"name": name, "rule": "exact", "draft_length": spec.policy,
-                     "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens} for name, spec, _ in built],
+                     "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens,
+                     "draft_length_config": policy.config.to_dict()} for name, spec, policy in built],
         "records": records, "traces": traces,
     }
     if args.check is not None:
-        results["check"], results["check_source"] = check_against(args.check, records), args.check.name
+        first_seed = [r for r in records if r["seed"] == args.seed]
+        results["check"], results["check_source"] = check_against(args.check, first_seed, costs, results["methods"]), args.check.name
     args.output_dir.mkdir(parents=True, exist_ok=True)
     (args.output_dir / f"{args.name}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     markdown = render(results)

@@ -22,6 +22,7 @@ if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed
 
 import hf_semspec  # noqa: E402
 from benchmarks import data, merge, methods, metrics, models, replay, report, run  # noqa: E402
+from hf_semspec.draft_length.svip import SVIPPolicy  # noqa: E402
 from hf_semspec.errors import SemSpecConfigError  # noqa: E402
 from hf_semspec.rules import RULES  # noqa: E402
 from hf_semspec.rules.exact import ExactRule  # noqa: E402
@@ -312,16 +313,19 @@ def test_draft_length_specs_expand_each_rule():
 
 def test_policy_methods_keep_one_instance_for_the_run():
     built, _ = methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
-                                     methods.parse_draft_lengths("constant:3,tapout,adaedl:12,tapout(bandit=ucb_tuned)"),
+                                     methods.parse_draft_lengths("constant:3,tapout,adaedl:12,tapout(bandit=ucb1)"),
                                      include_stock=False)
     assert [m.name for m in built][0] == "plain" and "stock_assisted" not in [m.name for m in built]
     by_name = {m.name: m for m in built}
     assert by_name["semspec:exact/constant:3"].policy.max_tokens() == 3
     assert by_name["semspec:exact/adaedl:12"].policy.config.max_tokens == 12
     assert by_name["semspec:exact/tapout"].policy is by_name["semspec:exact/tapout"].policy  # one instance, reused
-    tuned = by_name["semspec:exact/tapout(bandit=ucb_tuned)"]
-    assert tuned.policy.config.bandit == "ucb_tuned" and by_name["semspec:exact/tapout"].policy.config.bandit == "ucb1"
-    assert tuned.describe()["draft_length_kwargs"] == {"bandit": "ucb_tuned"}
+    ucb1 = by_name["semspec:exact/tapout(bandit=ucb1)"]
+    assert ucb1.policy.config.bandit == "ucb1" and by_name["semspec:exact/tapout"].policy.config.bandit == "ucb_tuned"
+    assert ucb1.describe()["draft_length_kwargs"] == {"bandit": "ucb1"}
+    # The results file records the options in force, defaults included.
+    assert by_name["semspec:exact/tapout"].describe()["draft_length_config"]["bandit"] == "ucb_tuned"
+    assert by_name["plain"].describe()["draft_length_config"] is None
     with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['bandit'\]` = 'egreedy'"):
         methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
                               methods.parse_draft_lengths("tapout(bandit=egreedy)"), include_stock=False)
@@ -684,15 +688,47 @@ def test_replay_makes_the_live_loops_rounds_on_worked_runs():
         "target_forwards": 3, "draft_forwards": 7, "new_tokens": 8}
 
 
-def test_replay_refuses_policies_that_decide_per_token():
-    with pytest.raises(ValueError, match="decides per drafted token"):
-        replay.replay(methods.build_policy("svip", None, 5), [1, 0], 2, COSTS)
-    fixed_arms = methods.build_policy("tapout", None, 5, {"arms": ["constant:3", "best_constant"]})
-    assert replay.fixed_budget(fixed_arms) and not replay.fixed_budget(methods.build_policy("tapout", None, 5))
+@pytest.mark.parametrize("entropy_nats", [0.0, 0.01, 0.6, 1.25, 3.0, 7.5])
+def test_probs_with_entropy_has_that_entropy(entropy_nats):
+    probs = replay.probs_with_entropy(entropy_nats)
+    assert probs.sum().item() == pytest.approx(1.0, abs=1e-9) and bool((probs >= 0).all())
+    assert float(torch.special.entr(probs).sum()) == pytest.approx(entropy_nats, abs=1e-6)
+
+
+def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
+    # svip stops when sqrt(0.15·H) > 0.3, i.e. H > 0.6. Every prediction right, 10 tokens: the first round (budget 9)
+    # stops after its 3rd token (H = 0.9 at position 2) and accepts 3, emitting 4; the second (budget 10 − 4 − 1 = 5)
+    # meets only H = 0.1 and drafts all 5 (the last is not asked), accepting them and emitting the remaining 6.
+    entropies = [0.1, 0.1, 0.9] + [0.1] * 7
+    counts = replay.replay(methods.build_policy("svip", None, 5), list(range(10, 0, -1)), 10, COSTS, entropies)
+    assert counts == {"target_forwards": 2, "draft_forwards": 8, "new_tokens": 10}
+    # Runs 1 0 4 3 2 1 (wrong prediction at position 1), H = 0.9 at position 3 only. Round at 0 (budget 5) stops after
+    # its 4th token, past the wrong one: accepts 1, emits 2. Round at 2 (budget 3) stops after its 2nd (position 3
+    # again): accepts 2, emits 3. Round at 5: budget 0, emits the last token. With H = 0.1 everywhere, the rounds at 0
+    # and 2 draft 5 and 3 and emit 2 and 4.
+    runs = replay.accepted_runs([1, 0, 1, 1, 1, 1], [1] * 6)
+    assert runs == [1, 0, 4, 3, 2, 1]
+    stops = replay.replay(methods.build_policy("svip", None, 5), runs, 6, COSTS, [0.1, 0.1, 0.1, 0.9, 0.1, 0.1])
+    assert stops == {"target_forwards": 3, "draft_forwards": 4 + 2, "new_tokens": 6}
+    never_stops = replay.replay(methods.build_policy("svip", None, 5), runs, 6, COSTS, [0.1] * 6)
+    assert never_stops == {"target_forwards": 2, "draft_forwards": 5 + 3, "new_tokens": 6}
+
+
+def test_replay_refuses_what_a_trace_cannot_replay():
+    class ReadsTopToken(SVIPPolicy):  # a per-token policy that is not known to read q only through H(q)
+        name = "reads_top_token"
+
+    with pytest.raises(ValueError, match="more than the draft's entropy"):
+        replay.replay(ReadsTopToken(), [1, 0], 2, COSTS, [0.1, 0.1])
+    with pytest.raises(ValueError, match="needs the trace's draft entropies"):
+        replay.replay(methods.build_policy("svip", None, 5), [2, 1, 0], 3, COSTS)
+    assert replay.replayable(methods.build_policy("tapout", None, 5))  # its default arms: adaedl, svip, heuristic
 
 
 @pytest.mark.parametrize("entry", ["constant:2", "constant:4", "heuristic", "best_constant(cost_ratio=0.2)",
-                                   'tapout(arms=["constant:2","constant:5"];reward=tokens_per_forward)'])
+                                   'tapout(arms=["constant:2","constant:5"];reward=tokens_per_forward)',
+                                   "svip(threshold=0.45)", "adaedl(adaptive=false)",
+                                   'tapout(reward=tokens_per_forward)'])
 def test_replay_reproduces_the_live_loop_on_tiny_models(entry):
     # The trace of the target's greedy output and the draft's teacher-forced predictions replays the rounds that
     # generate() makes: same target forwards and drafted tokens (timing-free options, so both see the same inputs).
@@ -701,7 +737,7 @@ def test_replay_reproduces_the_live_loop_on_tiny_models(entry):
     trace = replay.record_trace(pair, prompt, eos_ids=[])
     (spec,) = methods.parse_draft_lengths(entry)
     replayed = replay.replay(methods.build_policy(spec.policy, spec.tokens, 5, dict(spec.options)), trace["runs"], 24,
-                             COSTS)
+                             COSTS, trace["entropies"])
     live_policy = methods.build_policy(spec.policy, spec.tokens, 5, dict(spec.options))
     hf_semspec.attach(pair.target)
     try:
@@ -721,10 +757,10 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
     costs_file = tmp_path / "live.json"
     costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
     argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
-            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:2,constant:4,best_constant"]
+            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:2,constant:4,best_constant,tapout"]
     results = replay.main(argv + ["--name", "first"], load_pair=tiny_pair)
     assert [t["prompt_id"] for t in results["traces"]] == ["specbench_question:2", "specbench_question:3"]
-    assert len(results["records"]) == 3 * 2
+    assert len(results["records"]) == 4 * 2
     markdown = (tmp_path / "out" / "first.md").read_text()
     assert "`best_constant`" in markdown and "0.500 s per target forward" in markdown
     again = replay.main(argv + ["--name", "again", "--traces", str(tmp_path / "out" / "first.json")],
@@ -733,7 +769,43 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
     live = [{**r, "target_forwards": r["target_forwards"] + (r["prompt_id"].endswith(":3"))}
             for r in results["records"] if r["method"] == "semspec:exact/constant:2"]
     (tmp_path / "live_run.json").write_text(json.dumps({"records": live}))
-    checked = replay.check_against(tmp_path / "live_run.json", results["records"])
-    assert checked == {"semspec:exact/constant:2": {"identical": 1, "prompts": 2}}
-    with pytest.raises(ValueError, match="decides per drafted token"):
-        replay.main(argv[:-1] + ["adaedl"], load_pair=tiny_pair)
+    checked = replay.check_against(tmp_path / "live_run.json", results["records"], COSTS)
+    third = next(r for r in live if r["prompt_id"].endswith(":3"))  # live made one more forward on that prompt
+    slower = (COSTS["seconds_per_target_forward"] * third["target_forwards"]
+              + COSTS["seconds_per_draft_forward"] * third["draft_forwards"])
+    faster = slower - COSTS["seconds_per_target_forward"]
+    assert checked == {"semspec:exact/constant:2": {"identical": 1, "prompts": 2,
+                                                    "modeled_ratio": pytest.approx(math.sqrt(slower / faster))}}
+    # The same name with other recorded options (a default changed between the runs) is another policy: not compared.
+    described = next(m for m in results["methods"] if m["name"] == "semspec:exact/constant:2")
+    assert described["draft_length_config"]["num_tokens"] == 2
+    changed = {**described, "draft_length_config": {**described["draft_length_config"], "num_tokens": 3}}
+    (tmp_path / "live_run.json").write_text(json.dumps({"records": live, "methods": [changed]}))
+    assert replay.check_against(tmp_path / "live_run.json", results["records"], COSTS, results["methods"]) == {}
+    (tmp_path / "live_run.json").write_text(json.dumps({"records": live, "methods": [described]}))
+    assert replay.check_against(tmp_path / "live_run.json", results["records"], COSTS, results["methods"]) == checked
+    # Traces saved before entropies were recorded replay fixed budgets only.
+    saved = json.loads((tmp_path / "out" / "first.json").read_text())
+    for trace in saved["traces"]:
+        del trace["entropies"]
+    (tmp_path / "old.json").write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match="needs the trace's draft entropies"):
+        replay.main(argv[:-1] + ["svip", "--traces", str(tmp_path / "old.json")], load_pair=tiny_pair)
+
+
+def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    costs_file = tmp_path / "live.json"
+    costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
+    argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
+            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:2,tapout", "--round-time-noise", "0.3"]
+    results = replay.main(argv + ["--name", "seeds", "--seeds", "3"], load_pair=tiny_pair)
+    traces = ["--traces", str(tmp_path / "out" / "seeds.json")]
+    assert len(results["records"]) == 2 * 3 * 2  # methods × seeds × prompts
+    for seed in (0, 2):  # seed 2 alone, from an untrained tapout, makes the same rounds as the third of three
+        alone = replay.main(argv + traces + ["--name", f"seed{seed}", "--seed", str(seed)], load_pair=tiny_pair)
+        assert alone["records"] == [r for r in results["records"] if r["seed"] == seed]
+    markdown = (tmp_path / "out" / "seeds.md").read_text()
+    assert "seeds 0 to 2, a fresh policy each" in markdown and "| `tapout` |" in markdown
+    with pytest.raises(ValueError, match="--seeds: got 3 with --round-time-noise 0.0"):
+        replay.main(argv[:-2] + traces + ["--seeds", "3"], load_pair=tiny_pair)

@@ -23,7 +23,8 @@ from hf_semspec.draft_length import svip as svip_module
 from hf_semspec.draft_length import tapout as tapout_module
 from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.adaedl import AdaEDLConfig, AdaEDLPolicy
-from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConstantPolicy, RoundCostFit
+from hf_semspec.draft_length._round_cost import RoundCostFit
+from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConstantPolicy
 from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
 from hf_semspec.draft_length.svip import SVIPConfig, SVIPPolicy
 from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
@@ -430,7 +431,8 @@ def drive(policy: TapOutPolicy, reward_of, rounds: int) -> list[str]:
 )
 def test_tapout_ucb_worked_examples(bandit, expected):
     # The module docstring's examples: three arms, rounds 1–4 earn 100, 200, 150 and 100 tokens/s (one token each).
-    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic", "svip"], bandit=bandit, num_tokens=4))
+    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic", "svip"], bandit=bandit,
+                                       reward="tokens_per_second", num_tokens=4))
     index = policy.ucb_index if bandit == "ucb1" else policy.ucb_tuned_index
     speeds = iter([100.0, 200.0, 150.0, 100.0])
     played, indices = [], []
@@ -451,7 +453,7 @@ def test_tapout_ucb_worked_examples(bandit, expected):
 def test_tapout_ucb_tuned_bonus_shrinks_with_a_low_variance_arm():
     # Two arms, N = 400 pulls each of constant rewards 1 and 0.9 (R = 1): the variance is 0 and
     # V = sqrt(2 ln 800 / 400) = 0.183 < 1/4, so the bonus is sqrt(ln 800 / 400 · 0.183) = 0.055, against UCB1's 0.183.
-    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic"], bandit="ucb_tuned", num_tokens=4))
+    policy = TapOutPolicy(TapOutConfig(arms=["constant", "heuristic"], reward="tokens_per_second", num_tokens=4))
     policy.pulls = [400, 400]
     policy.reward_sums = [400.0, 360.0]
     policy.reward_square_sums = [400.0, 324.0]
@@ -485,7 +487,7 @@ def test_tapout_ucb_tuned_commits_sooner_than_ucb1_when_arms_are_close():
 
 
 @pytest.mark.parametrize("bandit", ["ucb1", "ucb_tuned", "thompson"])
-@pytest.mark.parametrize("reward", ["tokens_per_second", "tokens_per_forward"])
+@pytest.mark.parametrize("reward", ["tokens_per_second", "tokens_per_fitted_second", "tokens_per_forward"])
 def test_tapout_converges_to_the_best_arm(bandit, reward):
     arms = ["constant", "heuristic", "svip"]
     mean_accepted = {"constant": 1, "heuristic": 3, "svip": 2}  # heuristic is best under both rewards
@@ -501,6 +503,46 @@ def test_tapout_converges_to_the_best_arm(bandit, reward):
     assert set(played) == set(arms)  # every arm was explored
     values = policy.arm_values()
     assert max(values, key=lambda n: values[n]["mean_reward"]) == "heuristic"
+
+
+def test_tapout_fitted_reward_worked_example():
+    # Arms drafting k = 2 (A) and k = 6 (B); UCB1 plays A, B, then B (indices 3/3.5 + sqrt(2 ln 2) = 2.03 and
+    # 1 + 1.18 = 2.18). Rounds (k, accepted, seconds): (2, 2, 1.0): one length timed, so ŝ(2) = 1.0 and A earns
+    # 3 / 1.0 = 3. (6, 6, 2.0): the line through (2, 1.0), (6, 2.0) is ŝ(k) = 0.5 + 0.25·k, B earns 7 / 2.0 = 3.5.
+    # (6, 1, 2.6): the line through the three becomes ŝ(k) = 0.35 + 0.325·k, ŝ(2) = 1.0, ŝ(6) = 2.3, and B's first
+    # round is re-priced: B's mean is (7 + 2) / 2.3 / 2 = 1.957, A's stays 3.
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:2", "constant:6"], reward="tokens_per_fitted_second"))
+    means = []
+    for drafted, accepted, seconds in [(2, 2, 1.0), (6, 6, 2.0), (6, 1, 2.6)]:
+        assert policy.max_tokens() == drafted
+        policy.observe(outcome(drafted, accepted, seconds))
+        means.append({name: round(v["mean_reward"], 3) for name, v in policy.arm_values().items()})
+    assert means == [{"constant:2": 3.0, "constant:6": 0.0}, {"constant:2": 3.0, "constant:6": 3.5},
+                     {"constant:2": 3.0, "constant:6": 1.957}]
+    t_0, t_1 = policy.round_costs.coefficients()
+    assert (t_0, t_1) == (pytest.approx(0.35), pytest.approx(0.325))
+    assert policy._scale() == pytest.approx(7 / 2.3)  # R: B's first round at the new price
+
+
+def test_tapout_fitted_reward_sees_through_noisy_round_times():
+    # Two fixed lengths on text whose drafts are each rejected with probability 0.3, rounds costing 1 + 0.2·k seconds
+    # times a log-normal noise (σ = 0.4): γ = 2 gives E / C = 2.19 / 1.4 = 1.56 tokens/s, γ = 6 gives 3.06 / 2.2 =
+    # 1.39 (11% less). Over 300 seeded rounds UCB-Tuned plays γ = 2 in 80% of the rounds with the fitted-time reward
+    # and 63% with the raw time (UCB1 explores so much at this gap that both stay near 55-60%).
+    def best_share(reward, seed):
+        rng = random.Random(seed)
+        policy = TapOutPolicy(TapOutConfig(arms=["constant:2", "constant:6"], reward=reward, bandit="ucb_tuned"))
+        played = []
+        for _ in range(300):
+            k = policy.max_tokens()
+            accepted = geometric_run(rng, 0.3, k)
+            policy.observe(outcome(k, accepted, (1 + 0.2 * k) * math.exp(0.4 * rng.gauss(0, 1))))
+            played.append(k)
+        return played.count(2) / len(played)
+
+    raw = [best_share("tokens_per_second", seed) for seed in range(8)]
+    fitted = [best_share("tokens_per_fitted_second", seed) for seed in range(8)]
+    assert sum(fitted) / 8 > sum(raw) / 8 + 0.1
 
 
 def test_tapout_thompson_is_reproducible_with_its_seed():
@@ -675,16 +717,18 @@ def test_tapout_instance_learns_across_calls(attached, close_draft):
     assert all(p > 0 for p in policy.pulls)  # each arm was tried
 
 
-def test_tapout_ignores_the_prefill_rounds_time():
-    policy = POLICIES.build("tapout", {"arms": ["constant", "heuristic"], "num_tokens": 4})
+@pytest.mark.parametrize("reward", ["tokens_per_second", "tokens_per_fitted_second"])
+def test_tapout_ignores_the_prefill_rounds_time(reward):
+    policy = POLICIES.build("tapout", {"arms": ["constant", "heuristic"], "num_tokens": 4, "reward": reward})
     policy.max_tokens()
     arm = policy.current
     policy.observe(RoundOutcome(4, 4, seconds=10.0, includes_prefill=True))
-    assert policy.pulls[arm] == 0 and policy.reward_scale == 0.0  # the bandit learned nothing from it
+    assert policy.pulls == [0, 0] and policy._scale() == 0.0  # the bandit learned nothing from it
     policy.max_tokens()
     arm = policy.current
     policy.observe(RoundOutcome(4, 4, seconds=0.5))
-    assert policy.pulls[arm] == 1 and policy.reward_scale == pytest.approx(5 / 0.5)
+    # 5 tokens in 0.5 s: the fitted line through one timed round is that round's time, so both rewards are 10.
+    assert policy.pulls[arm] == 1 and policy._scale() == pytest.approx(5 / 0.5)
 
 
 @pytest.mark.parametrize("schedule, carries_over", [("heuristic", True), ("heuristic_transient", False)])

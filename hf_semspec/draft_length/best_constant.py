@@ -57,6 +57,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..component_config import POSITIVE, Range
+from ._round_cost import RoundCostFit
 from .base import DraftLengthConfig, DraftLengthPolicy, InitialLengthMixin, RoundOutcome, register_policy
 
 UNFITTED_COST_RATIO = 0.1  # ρ before two different lengths have been timed
@@ -100,32 +101,6 @@ class BestConstantConfig(InitialLengthMixin, DraftLengthConfig):
             "range": POSITIVE,
         },
     )
-
-
-class RoundCostFit:
-    """Least squares of a round's seconds on its drafted tokens, s = t_0 + t_1·k, over every round it was given."""
-
-    def __init__(self):
-        self.count = 0
-        self.sum_k = self.sum_kk = self.sum_s = self.sum_ks = 0.0
-        self.lengths: set[int] = set()
-
-    def add(self, num_drafted: int, seconds: float) -> None:
-        self.count += 1
-        self.sum_k += num_drafted
-        self.sum_kk += num_drafted * num_drafted
-        self.sum_s += seconds
-        self.sum_ks += num_drafted * seconds
-        self.lengths.add(num_drafted)
-
-    def coefficients(self) -> tuple[float, float] | None:
-        """(t_0, t_1), or None while the lengths seen do not determine a fit with t_0 > 0 and t_1 > 0."""
-        spread = self.count * self.sum_kk - self.sum_k**2
-        if len(self.lengths) < 2 or spread <= 0:
-            return None
-        per_token = (self.count * self.sum_ks - self.sum_k * self.sum_s) / spread
-        fixed = (self.sum_s - per_token * self.sum_k) / self.count
-        return (fixed, per_token) if fixed > 0 and per_token > 0 else None
 
 
 @register_policy

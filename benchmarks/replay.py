@@ -1,4 +1,4 @@
-"""Replay fixed-budget draft-length policies on recorded acceptance traces of `exact` greedy decoding.
+"""Replay draft-length policies on recorded acceptance traces of `exact` greedy decoding.
 
     python -m benchmarks.replay --prompts-per-category 3 --max-new-tokens 128 \\
         --costs benchmarks/results/draft-length-bandits.json \\
@@ -24,8 +24,8 @@ draft continues from its own wrong token, whose entropies no trace of the target
 entropies at the same positions of the target's text. That only changes how many already-rejected tokens the round
 drafts (D), and through the round's time and k what an adaptive policy learns from it. The draft is surer on the
 target's text than after its own wrong token, so the replay drafts more: `adaedl` 130 tokens against 83 live on the
-coding prompt of `replay-exact-1x64`, and 0.88 of its live modeled speed over that run. Read an entropy policy's
-replayed speed as a lower bound.
+coding prompt of `replay-exact-1x64`, and 0.96 of its live modeled speed over that run. Read an entropy policy's
+replayed speed as a lower bound. A per-token round ends after the draft drafts the output's EOS, as live.
 
 Limits: `exact` and greedy only (a relaxed rule's acceptance depends on more than the prefix); a per-token policy
 is replayed only if it reads q through H(q) alone (`ENTROPY_POLICIES`). `--check RESULTS.json` compares the
@@ -105,7 +105,9 @@ def replay(
 
     As the live loop: a round's budget is min(policy budget, max_new_tokens − emitted − 1); a per-token policy is
     asked after each drafted token but the last of the budget whether to go on, with the distribution of the token
-    at that position (`entropies[i]`: H of the draft's q for output token i; past the output's end, the last one);
+    at that position (`entropies[i]`: H of the draft's q for output token i; past the output's end, the last one),
+    and its round ends after the draft, right so far, drafts the output's EOS (an output shorter than
+    `max_new_tokens` ends with one), as the live drafter ends a per-token round after an EOS;
     the rule accepts min(run, drafted), the round emits one more token (cut at the end of the output), and the policy
     observes the round with the cost model's seconds, times exp(σ·z), z ~ N(0, 1) from `rng`, with σ = `time_noise`
     (a live round's time scatters around the model; the returned counts are still priced without noise). Returns
@@ -116,6 +118,7 @@ def replay(
                          f"entropy, which a trace does not hold. Fix: replay fixed-budget policies or "
                          f"{sorted(ENTROPY_POLICIES)}.")
     a, b = costs["seconds_per_target_forward"], costs["seconds_per_draft_forward"]
+    ended_by_eos = len(runs) < max_new_tokens  # the output's last token is an EOS
     emitted = forwards = drafted_total = 0
     while emitted < len(runs):
         budget = max(0, min(policy.max_tokens(), max_new_tokens - emitted - 1))
@@ -128,6 +131,8 @@ def replay(
             while drafted < budget:
                 drafted += 1
                 position = min(emitted + drafted - 1, len(entropies) - 1)
+                if drafted < budget and ended_by_eos and position == len(runs) - 1 and runs[emitted] >= drafted:
+                    break  # the draft, right so far, drafted the output's EOS: the live round stops after an EOS
                 probs = probs_with_entropy(entropies[position]) if policy.reads_draft_probs else None
                 if drafted < budget and not policy.keep_drafting(drafted, probs):
                     break

@@ -191,6 +191,7 @@ def speculative_decode(
         output_device=input_ids.device,
         vocab_size=model.config.get_text_config().vocab_size,
         redistribute=rule.redistributes_draft,
+        stop_token_ids=frozenset(eos_ids),
     )
     lm_head = model.get_output_embeddings() if rule.requires_target_hidden_states else None
     return_dict = generation_config.return_dict_in_generate

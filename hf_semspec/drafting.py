@@ -49,6 +49,10 @@ class ModelDrafter:
         vocab_size (`int`): the target's vocabulary size (width of the distributions returned).
         redistribute (`bool`): draw from the RDK-redistributed r = q·K instead of q (needs `rdk_indices`).
         generator (`torch.Generator`, *optional*): the source of the draws when sampling (torch's global RNG if None).
+        stop_token_ids (`frozenset[int]`, *optional*): EOS ids. A round that asks a per-token policy ends after
+            drafting one of them: nothing drafted after an EOS is ever used (an accepted EOS ends the generation, a
+            rejected one discards what follows), and that policy syncs with the host per token anyway. Fixed-budget
+            rounds draft on without the check, which would cost them a sync per token.
     """
 
     def __init__(
@@ -61,6 +65,7 @@ class ModelDrafter:
         vocab_size: int,
         redistribute: bool = False,
         generator: torch.Generator | None = None,
+        stop_token_ids: frozenset[int] = frozenset(),
     ):
         self.model = model
         self.logits_processor = logits_processor
@@ -69,6 +74,7 @@ class ModelDrafter:
         self.output_device = output_device
         self.vocab_size = vocab_size
         self.generator = generator
+        self.stop_token_ids = stop_token_ids
         self.cache = DynamicCache(config=model.config)
         self.cache.activate_past_recording()
         self._supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
@@ -112,8 +118,8 @@ class ModelDrafter:
     ) -> DraftBlock:
         """Drafts up to `max_tokens` tokens after `input_ids` (shape `(batch, length)`).
 
-        A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token;
-        without one, drafting runs without host syncs.
+        A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; such
+        a round also ends after an EOS (`stop_token_ids`). Without one, drafting runs without host syncs.
         """
         length = input_ids.shape[1]
         sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], max_tokens)], dim=1)
@@ -130,8 +136,11 @@ class ModelDrafter:
             sequence[:, length + num_drafted] = token
             probs.append(q)
             num_drafted += 1
-            if asks_policy and num_drafted < max_tokens and not policy.keep_drafting(num_drafted, q):
-                break
+            if asks_policy and num_drafted < max_tokens:
+                if self.stop_token_ids and int(token[0]) in self.stop_token_ids:
+                    break
+                if not policy.keep_drafting(num_drafted, q):
+                    break
         return DraftBlock(
             sequence=sequence[:, : length + num_drafted],
             probs=torch.stack(probs, dim=1) if (self.return_probs and probs) else None,

@@ -712,6 +712,12 @@ def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
     assert stops == {"target_forwards": 3, "draft_forwards": 4 + 2, "new_tokens": 6}
     never_stops = replay.replay(methods.build_policy("svip", None, 5), runs, 6, COSTS, [0.1] * 6)
     assert never_stops == {"target_forwards": 2, "draft_forwards": 5 + 3, "new_tokens": 6}
+    # An output of 4 tokens that ended with an EOS (max_new_tokens 10), every prediction right: the per-token round
+    # (budget 9) ends after drafting the EOS, as live; a fixed budget of 9 drafts on past it.
+    at_eos = replay.replay(methods.build_policy("svip", None, 40), [4, 3, 2, 1], 10, COSTS, [0.1] * 4)
+    assert at_eos == {"target_forwards": 1, "draft_forwards": 4, "new_tokens": 4}
+    fixed = replay.replay(methods.build_policy("constant", None, 9), [4, 3, 2, 1], 10, COSTS, [0.1] * 4)
+    assert fixed == {"target_forwards": 1, "draft_forwards": 9, "new_tokens": 4}
 
 
 def test_replay_refuses_what_a_trace_cannot_replay():
@@ -750,6 +756,31 @@ def test_replay_reproduces_the_live_loop_on_tiny_models(entry):
     assert out.sequences[0, -24:].tolist() == trace["tokens"]
     assert (replayed["target_forwards"], replayed["draft_forwards"]) == (stats.num_target_forwards, stats.num_drafted)
     assert 0 < stats.num_accepted < stats.num_drafted  # the trace has both right and wrong predictions
+
+
+def test_replay_and_live_end_a_per_token_round_at_the_outputs_eos():
+    # The same tiny output ended by an EOS at position 10, where the draft predicts it: svip that never stops on
+    # entropy drafts up to its cap of 40 (cut by max_new_tokens) and both loops end the round after the EOS.
+    pair = tiny_pair("tiny")
+    prompt = data.Prompt("p", "c", "Write a long poem about the sea.", 24)
+    full = replay.record_trace(pair, prompt, eos_ids=[])
+    eos = full["tokens"][10]
+    assert eos not in full["tokens"][:10] and full["runs"][10] > 0  # first occurrence, and the draft predicts it
+    trace = replay.record_trace(pair, prompt, eos_ids=[eos])
+    assert len(trace["tokens"]) == 11
+    options = {"threshold": 5.0}
+    replayed = replay.replay(methods.build_policy("svip", None, 5, options), trace["runs"], 24, COSTS,
+                             trace["entropies"])
+    hf_semspec.attach(pair.target)
+    try:
+        out = pair.target.generate(**pair.encode(prompt.text), assistant_model=pair.draft, acceptance="exact",
+                                   draft_length=methods.build_policy("svip", None, 5, options), max_new_tokens=24,
+                                   eos_token_id=eos, return_dict_in_generate=True)
+    finally:
+        hf_semspec.detach(pair.target)
+    stats = out.acceptance_stats
+    assert out.sequences[0, -11:].tolist() == trace["tokens"]
+    assert (replayed["target_forwards"], replayed["draft_forwards"]) == (stats.num_target_forwards, stats.num_drafted)
 
 
 def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path):

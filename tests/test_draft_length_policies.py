@@ -745,3 +745,26 @@ def test_heuristic_schedule_persists_per_assistant_model_like_transformers(attac
     assert len(first.drafted_per_position) == 4  # rounds of 2, 4, then 3 (capped by max_new_tokens)
     second = attached.generate(prompt(8, seed=1), **kwargs).acceptance_stats
     assert len(second.drafted_per_position) == (8 if carries_over else 4)
+
+
+@pytest.mark.parametrize("policy_name, stops_at_eos", [("svip", True), ("constant", False)])
+def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
+    """Nothing drafted after an EOS is used, and a per-token policy syncs per token anyway, so its round stops there;
+    a fixed budget drafts on (checking would cost it a sync per token)."""
+    from conftest import VOCAB, tiny_llama
+    from transformers import LogitsProcessorList
+
+    from hf_semspec.drafting import ModelDrafter
+
+    draft, ids = tiny_llama(seed=3), prompt(8)
+
+    def drafter(stop_token_ids=frozenset()):
+        return ModelDrafter(draft, LogitsProcessorList(), do_sample=False, return_probs=False,
+                            output_device=torch.device("cpu"), vocab_size=VOCAB, stop_token_ids=stop_token_ids)
+
+    tokens = drafter().draft(ids, None, 8).sequence[0, 8:].tolist()
+    eos_at = next(i for i in range(1, 7) if tokens[i] not in tokens[:i])  # its first occurrence, mid-draft
+    options = {"threshold": 1e9} if policy_name == "svip" else {"num_tokens": 8}  # svip: never stops on entropy
+    policy = POLICIES.build(policy_name, options)
+    drafted = drafter(frozenset({tokens[eos_at]})).draft(ids, None, 8, policy).sequence[0, 8:].tolist()
+    assert drafted == (tokens[: eos_at + 1] if stops_at_eos else tokens)

@@ -53,18 +53,19 @@ Why a fitted time (ours). One round's wall time is a noisy reward: on the refere
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes
 is k and the accepted tokens. So "tokens_per_fitted_second" rewards the tokens and prices k by the line. Replaying the
 benchmark's `exact` rounds with each round's time scattered by a factor exp(σ·z) (`benchmarks/replay.py
---round-time-noise`, 10 seeds, ratio to the best fixed length; 30 prompts × 128 tokens, σ = 0.05 / 0.15 / 0.3): the
-default 0.976 / 0.991 / 0.984, the fitted reward 0.978 / 0.998 / 0.994, with UCB-Tuned 1.003 / 1.012 / 0.990. It
-helps by up to 4 points, not more, because most of the noise is in the tokens: a round's n + 1 varies by 0.4 to 0.7
-of its mean (γ = 3 to 8 on those prompts), so telling two arms 5% apart at two standard deviations takes 300 to 900
-rounds of each, about as many rounds as that whole benchmark makes.
+--round-time-noise`, 10 seeds, ratio to the best fixed length; 30 prompts × 128 tokens, σ = 0.05 / 0.15 / 0.3):
+UCB1 with the measured time 1.002 / 1.008 / 0.995, with the fitted time 1.010 / 1.015 / 1.006; UCB-Tuned with the
+fitted time 1.032 / 1.030 / 1.022. The fitted time gains 1 point there (up to 3 on 10 prompts × 64 tokens), not more,
+because most of the noise is in the tokens: a round's n + 1 varies by 0.4 to 0.7 of its mean (γ = 3 to 8 on those
+prompts), so telling two arms 5% apart at two standard deviations takes 300 to 900 rounds of each, about as many
+rounds as that whole benchmark makes.
 
-Why these defaults (ours): UCB-Tuned with "tokens_per_fitted_second". Against UCB1 with "tokens_per_second" (the paper's
-main variant, and this package's defaults before these measurements), ratio to the best fixed length: replayed, +2.7 / +2.1 / +0.6 points at
-σ = 0.05 / 0.15 / 0.3 (above) and +2.1 / +3.1 / +1.8 on 10 prompts × 64 tokens (σ = 0.01 / 0.05 / 0.15); live
-(`benchmarks/results/draft-length-merged.md`, modeled time, 10 prompts × 64 tokens) 0.92 → 0.96 with `exact` and
-1.00 → 1.05 with `fly`. Small gains, but the same sign in all eight comparisons; pass `bandit="ucb1",
-reward="tokens_per_second"` for the previous behaviour.
+Why these defaults (ours): UCB-Tuned with "tokens_per_fitted_second". Against UCB1 with "tokens_per_second" (the
+paper's main variant, and this package's defaults before these measurements), in points of the ratio to the best
+fixed length: replayed, +3.0 / +2.2 / +2.7 (above) and +2.2 / +1.3 / +3.4 on 10 prompts × 64 tokens (σ = 0.01 /
+0.05 / 0.15); live (`benchmarks/results/draft-length-merged.md`, modeled time, 10 prompts × 64 tokens) +4 with
+`exact` (0.92 → 0.96) and +5 with `fly` (1.00 → 1.05). Small gains, of the same sign in all eight comparisons; pass
+`bandit="ucb1", reward="tokens_per_second"` for the previous behaviour.
 
 State: one instance per `generate()` call; pass an instance (`draft_length=TapOutPolicy(...)`) to keep the bandit's
 statistics and the arms' state across calls. `arm_values()` shows what it learned.

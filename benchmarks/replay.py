@@ -64,7 +64,7 @@ def accepted_runs(draft_predictions: list[int], tokens: list[int]) -> list[int]:
 
 
 # Per-token policies whose `keep_drafting` reads q only through its entropy H(q): a trace's entropies replay them.
-ENTROPY_POLICIES = frozenset({"adaedl", "svip"})
+ENTROPY_POLICIES = frozenset({"adaedl", "cost_aware", "svip"})
 
 
 def replayable(policy: DraftLengthPolicy) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -160,3 +162,19 @@ def pruned_draft(close_draft, kept_ids):
 @pytest.fixture(scope="session")
 def rdk_draft(close_draft, kept_ids):
     return SlicedHeadDrafter(close_draft, kept_ids, *nearest_neighbour_kernel(close_draft, kept_ids))
+
+
+def with_entropy(target: float, vocab: int = 64) -> torch.Tensor:
+    """A (1, vocab) float32 row q = softmax(−β·v) whose entropy is `target` nats (β found by bisection)."""
+    ranks = torch.arange(vocab, dtype=torch.float64)
+
+    def h(beta: float) -> float:
+        q = torch.softmax(-beta * ranks, -1)
+        return float(torch.special.entr(q).sum())
+
+    assert 0 < target < math.log(vocab)
+    low, high = 0.0, 100.0  # h decreases from ln(vocab) at β = 0
+    for _ in range(200):
+        mid = (low + high) / 2
+        low, high = (mid, high) if h(mid) > target else (low, mid)
+    return torch.softmax(-low * ranks, -1).float()[None]

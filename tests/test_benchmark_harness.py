@@ -728,16 +728,17 @@ def test_replay_refuses_what_a_trace_cannot_replay():
         replay.replay(ReadsTopToken(), [1, 0], 2, COSTS, [0.1, 0.1])
     with pytest.raises(ValueError, match="needs the trace's draft entropies"):
         replay.replay(methods.build_policy("svip", None, 5), [2, 1, 0], 3, COSTS)
-    assert replay.replayable(methods.build_policy("tapout", None, 5))  # its default arms: adaedl, svip, heuristic
+    assert replay.replayable(methods.build_policy("tapout", None, 5))  # its default arms: cost_aware, svip
 
 
 @pytest.mark.parametrize("entry", ["constant:2", "constant:4", "heuristic", "best_constant(cost_ratio=0.2)",
                                    'tapout(arms=["constant:2","constant:5"];reward=tokens_per_forward)',
-                                   "svip(threshold=0.45)", "adaedl(adaptive=false)",
-                                   'tapout(reward=tokens_per_forward)'])
+                                   "svip(threshold=0.45)", "adaedl(adaptive=false)", "cost_aware(cost_ratio=0.2)",
+                                   'tapout(arms=["adaedl","svip"];reward=tokens_per_forward)'])
 def test_replay_reproduces_the_live_loop_on_tiny_models(entry):
     # The trace of the target's greedy output and the draft's teacher-forced predictions replays the rounds that
-    # generate() makes: same target forwards and drafted tokens (timing-free options, so both see the same inputs).
+    # generate() makes: same target forwards and drafted tokens (timing-free options, so both see the same inputs:
+    # cost_aware's ρ is fixed, and tapout's default arms are left out because cost_aware fits ρ to the wall time).
     pair = tiny_pair("tiny")
     prompt = data.Prompt("p", "c", "Write a long poem about the sea.", 24)
     trace = replay.record_trace(pair, prompt, eos_ids=[])

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from conftest import prompt
+from conftest import prompt, with_entropy
 from transformers.generation.candidate_generator import AssistedCandidateGenerator
 
 import hf_semspec
@@ -25,12 +25,15 @@ from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.adaedl import AdaEDLConfig, AdaEDLPolicy
 from hf_semspec.draft_length._round_cost import RoundCostFit
 from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConstantPolicy
+from hf_semspec.draft_length.cost_aware import CostAwarePolicy
 from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
 from hf_semspec.draft_length.svip import SVIPConfig, SVIPPolicy
 from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
 from hf_semspec.errors import SemSpecConfigError
 
-NEW_POLICIES = ["heuristic", "adaedl", "svip", "best_constant", "tapout"]
+# Every registered policy but the default `constant`, so that a new policy runs through the end-to-end suite below.
+NEW_POLICIES = [name for name in POLICIES.names() if name != "constant"]
+PER_TOKEN_POLICIES = [name for name in NEW_POLICIES if POLICIES.get(name).decides_per_token]
 
 
 # Distributions with a known entropy.
@@ -41,22 +44,6 @@ def probs(values, vocab: int = 16) -> torch.Tensor:
     row = torch.zeros(1, vocab)
     row[0, : len(values)] = torch.tensor(values)
     return row
-
-
-def with_entropy(target: float, vocab: int = 64) -> torch.Tensor:
-    """A (1, vocab) float32 row q = softmax(−β·v) whose entropy is `target` nats (β found by bisection)."""
-    ranks = torch.arange(vocab, dtype=torch.float64)
-
-    def h(beta: float) -> float:
-        q = torch.softmax(-beta * ranks, -1)
-        return float(torch.special.entr(q).sum())
-
-    assert 0 < target < math.log(vocab)
-    low, high = 0.0, 100.0  # h decreases from ln(vocab) at β = 0
-    for _ in range(200):
-        mid = (low + high) / 2
-        low, high = (mid, high) if h(mid) > target else (low, mid)
-    return torch.softmax(-low * ranks, -1).float()[None]
 
 
 def outcome(drafted: int, accepted: int, seconds: float = 0.01) -> RoundOutcome:
@@ -597,10 +584,10 @@ def test_tapout_arms_carry_their_own_length():
 
 def test_tapout_default_arms_and_blended_reward():
     policy = TapOutPolicy()
-    assert policy.arm_names == ["adaedl", "svip", "heuristic"]
-    assert [type(a) for a in policy.arms] == [AdaEDLPolicy, SVIPPolicy, HeuristicPolicy]
+    assert policy.arm_names == ["cost_aware", "svip"]
+    assert [type(a) for a in policy.arms] == [CostAwarePolicy, SVIPPolicy]
     blended = TapOutPolicy(TapOutConfig(reward="blended"))
-    blended.max_tokens()  # adaedl, budget 40 = L
+    blended.max_tokens()  # cost_aware, budget 40 = L
     assert blended.reward(outcome(8, 6)) == pytest.approx(0.5 * 6 / 40 + 0.5 * 6 / 8)
     assert blended.reward(outcome(0, 0)) == 0.0
     speed = TapOutPolicy()
@@ -676,7 +663,7 @@ def test_exact_stays_lossless(attached, close_draft, name, num_assistant_tokens)
     assert torch.equal(out.sequences, greedy(attached))
     stats = out.acceptance_stats
     assert stats.num_drafted > 0
-    if num_assistant_tokens is not None and name in ("adaedl", "svip"):
+    if num_assistant_tokens is not None and POLICIES.get(name).length_field == "max_tokens":
         assert len(stats.drafted_per_position) <= 3  # num_assistant_tokens caps them
 
 
@@ -689,7 +676,7 @@ def test_fly_runs_with_each_policy(attached, close_draft, name):
     assert out.acceptance_stats.num_drafted > 0
 
 
-@pytest.mark.parametrize("name", ["adaedl", "svip", "tapout"])
+@pytest.mark.parametrize("name", PER_TOKEN_POLICIES)
 def test_sampling_runs_with_each_per_token_policy(attached, close_draft, name):
     out = run(attached, close_draft, draft_length=name, do_sample=True, temperature=0.7, top_k=20)
     assert out.sequences.shape[1] == 8 + 24

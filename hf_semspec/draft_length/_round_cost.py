@@ -5,6 +5,8 @@ Not a policy: importing this module registers nothing.
 
 from __future__ import annotations
 
+UNFITTED_COST_RATIO = 0.1  # t_1 / t_0 assumed until two draft lengths have been timed
+
 
 class RoundCostFit:
     """Least squares of a round's seconds on its drafted tokens, s = t_0 + t_1·k, over every round it was given.

@@ -57,10 +57,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..component_config import POSITIVE, Range
-from ._round_cost import RoundCostFit
+from ._round_cost import UNFITTED_COST_RATIO, RoundCostFit
 from .base import DraftLengthConfig, DraftLengthPolicy, InitialLengthMixin, RoundOutcome, register_policy
-
-UNFITTED_COST_RATIO = 0.1  # ρ before two different lengths have been timed
 
 
 @dataclass

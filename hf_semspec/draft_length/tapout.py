@@ -38,22 +38,30 @@ and two public summaries: its arms are parameter-free stopping rules — Max-Con
 introduces, SVIPDifference and LogitMargin; the bandit can act per draft ("sequence-level") or per position
 ("token-level"), sequence-level UCB1 being its main variant, with Thompson sampling and UCB-Tuned also tried; and its
 reward "balances accepted length and rate". Its exact reward formula, weights and arm thresholds were not reachable.
-So: the default arms are the paper's arms that this package has (`adaedl`, `svip`) plus transformers' `heuristic`
-schedule (ours: a third, sync-free arm, cheap when per-token decisions do not pay); `arms=[...]` takes any registered
-names, each optionally with ":<length>" for the arm's length option, e.g. ["constant:3", "constant:8", "adaedl"]
-(fixed lengths as arms: γ = 3 and γ = 8, and adaedl capped at 40 as by default). The time-based rewards and the
+So: the arms are registered policies; `arms=[...]` takes any registered names, each optionally with ":<length>" for
+the arm's length option, e.g. ["constant:3", "constant:8", "adaedl"] (fixed lengths as arms: γ = 3 and γ = 8, and
+adaedl capped at 40 as by default). The time-based rewards and the
 "tokens_per_forward" option are the package's choice; "blended" is our reading of the summaries, not the paper's
 formula. The division by R, playing each arm once first and the Gaussian form of Thompson sampling are ours. Arms
 given without a length whose length option is unset (heuristic's initial length, constant's length) get `num_tokens`
-(num_assistant_tokens, else the acceptance rule's default); adaedl and svip keep their own cap of 40. The first round
+(num_assistant_tokens, else the acceptance rule's default); the per-token arms keep their own cap of 40. The first round
 of a `generate()` call also pays the prompt's prefill (`RoundOutcome.includes_prefill`), so with the time-based reward
 it updates the arm but not the bandit.
+
+Why the default arms are `cost_aware` and `svip` (ours). Like the paper's, they are stopping rules that read the draft's
+confidence, one of the paper's (SVIP) and this package's `cost_aware`, the strongest single policy measured here. The
+bandit cannot tell arms a few percent apart within one benchmark (below), so every weak arm costs rounds: replayed on
+`exact` greedy traces of the reference pair (ratio to the best fixed length, mean over 5 prompt orders, 30 tuning
+prompts / 29 held-out prompts × 128 tokens), ["cost_aware", "svip"] 1.10 / 1.10, adding `adaedl` 1.07 / 1.08, the
+previous defaults ["adaedl", "svip", "heuristic"] 0.99 / 1.01, and `cost_aware` alone 1.11 / 1.12. Pass
+`arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes
 is k and the accepted tokens. So "tokens_per_fitted_second" rewards the tokens and prices k by the line. Replaying the
 benchmark's `exact` rounds with each round's time scattered by a factor exp(σ·z) (`benchmarks/replay.py
---round-time-noise`, 10 seeds, ratio to the best fixed length; 30 prompts × 128 tokens, σ = 0.05 / 0.15 / 0.3):
+--round-time-noise`, 10 seeds, ratio to the best fixed length; 30 prompts × 128 tokens, σ = 0.05 / 0.15 / 0.3; the
+arms then were adaedl, svip and heuristic):
 UCB1 with the measured time 1.002 / 1.008 / 0.995, with the fitted time 1.010 / 1.015 / 1.006; UCB-Tuned with the
 fitted time 1.032 / 1.030 / 1.022. The fitted time gains 1 point there (up to 3 on 10 prompts × 64 tokens), not more,
 because most of the noise is in the tokens: a round's n + 1 varies by 0.4 to 0.7 of its mean (γ = 3 to 8 on those
@@ -96,7 +104,7 @@ from ..errors import invalid_value
 from ._round_cost import RoundCostFit
 from .base import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
 
-DEFAULT_ARMS = ("adaedl", "svip", "heuristic")
+DEFAULT_ARMS = ("cost_aware", "svip")
 EXAMPLE_ARMS = ("constant:3", "constant:8", "adaedl")
 ARM_LENGTHS = Range(1, 128)
 BANDITS = ("ucb1", "ucb_tuned", "thompson")

@@ -1,0 +1,210 @@
+"""`cost_aware`: draft another token only while its expected tokens per second beat the decoding's running rate.
+
+A round drafts tokens 1, 2, … and is verified by one target forward; it emits 1 + (accepted drafts) tokens in
+t_0 + t_1·k seconds (k drafted). After drafting token j, whose draft distribution has entropy H_j, the policy asks
+whether token j + 1 is worth its t_1 seconds:
+
+    acceptance     p̂(H) = (a_b + m·π_b) / (n_b + m)              b: the entropy bin of H; a_b / n_b: accepted / tested
+                                                                  drafts of that bin so far (discounted by δ_c per
+                                                                  tested draft); π_b: the prior, SVIP's bound
+                                                                  1 − sqrt(0.15·H) at the bin's middle; m = 1
+    survival       P_j = Π_{i ≤ j} p̂(H_i)                         the chance that drafts 1..j are all accepted
+    next draft     p̄ = (a + m/2) / (n + m)                       the acceptance of any tested draft (H_{j+1} is not
+                                                                  known before paying for it)
+    running rate   R̃ = Σ_t δ_r^(T−t)·(n_t + 1) / Σ_t δ_r^(T−t)·(1 + ρ·k_t)     tokens per t_0, over the rounds
+    cost ratio     ρ = t_1 / t_0                                  least squares of the rounds' seconds on k
+
+    keep drafting while   P_j · p̄ ≥ ρ · R̃
+
+Why this rule. Drafting token j + 1 adds P_j·p̄ expected tokens to the round and t_1 seconds. The throughput
+R* = E[tokens] / E[seconds] of a stopping policy, repeated round after round, is largest when each round maximizes
+E[tokens] − R*·E[seconds] (renewal reward; Dinkelbach's method for a ratio), so a draft pays while P_j·p̄ ≥ R*·t_1 =
+ρ·(R*·t_0). P_j only falls as j grows, so this one-step look-ahead is the optimal stopping rule of that problem, and it
+is a threshold on the probability that some draft is rejected, the form SpecDec++ proves optimal (below). R̃ is R*
+measured on the decoding so far, priced by the fitted line rather than the rounds' own noisy seconds.
+
+Paper: K. Huang, X. Guo, M. Wang, "SpecDec++: Boosting Speculative Decoding via Adaptive Candidate Lengths"
+(COLM 2025, arXiv:2405.19715), https://arxiv.org/abs/2405.19715: the candidate-length choice as a Markov decision
+process whose optimal policy stops "when the probability of getting a rejection exceeds a threshold value".
+
+Sources and what is ours. SpecDec++ predicts acceptance with a trained head and sweeps its threshold; here both are
+training-free and learned while decoding, which is ours: acceptance is read off the draft's entropy (the premise of
+SVIP and AdaEDL) through a calibration table learned from the verified rounds — drafts 1..n of a round with n
+accepted were accepted, draft n + 1 was rejected, later ones were not tested — and the threshold is the cost ratio
+and the running rate above. The bins, the SVIP prior, m, the discounts and the prior 1/2 of p̄ are ours. δ_c = 0.995
+(a memory of about 200 tested drafts) lets the calibration follow the text: the same entropy is accepted less often
+in code than in prose on the reference pair. δ_r = 0.8 (about 5 rounds) lets the rate follow it. Until two draft
+lengths have been timed, ρ = 0.1; `cost_ratio=` fixes ρ instead (e.g. from a profile) and skips the fit. Before any
+round R̃ = 1 (plain decoding's one token per target forward). The first draft of a round is always made (the loop
+asks after a token is drafted), and the token that ends the round is still proposed. With a batch the entropy is
+the largest of the rows'. Each decision reads one value from the device: one host sync per drafted token. With the
+relaxed rules the learned acceptance is that rule's; `fly`'s deferred window makes a draft's acceptance depend on
+later drafts, which the rule does not model.
+
+Measured (`benchmarks/results/`, modeled time on the reference CPU): see the README's draft-length results.
+
+Worked example (ρ = 0.2, R̃ = 2, so the threshold is 0.4; p̄ = 0.8):
+    draft 1, p̂ = 0.99: P = 0.99,   P·p̄ = 0.792 ≥ 0.4 → keep drafting;
+    draft 2, p̂ = 0.95: P = 0.9405, P·p̄ = 0.7524 → keep drafting;
+    draft 3, p̂ = 0.6:  P = 0.5643, P·p̄ = 0.4514 → keep drafting;
+    draft 4, p̂ = 0.8:  P = 0.4514, P·p̄ = 0.3612 < 0.4 → stop: the round proposes 4 drafts.
+With a cheaper draft (ρ = 0.1, threshold 0.2) the same round drafts on.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..component_config import POSITIVE, Range
+from ._entropy import entropy
+from ._round_cost import UNFITTED_COST_RATIO, RoundCostFit
+from .base import DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
+
+# Entropy bins (nats): bin b holds EDGES[b − 1] <= H < EDGES[b]; the last one is open. Finer where acceptance changes
+# fastest (H < 1 nat on the reference pair: ~99% accepted below 0.4 nats, ~83% at 0.6–1, ~32% above 3).
+ENTROPY_BIN_EDGES = (0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 1.5, 2.0, 3.0)
+_LAST_BIN_ENTROPY = 4.0  # where the open last bin's prior is read
+_SVIP_ENTROPY_SCALE = 0.15  # the prior 1 − sqrt(0.15·H): SVIP's bound (svip.py), a pessimistic start
+_PRIOR_RANGE = (0.05, 0.99)  # no bin starts certain either way
+_NEXT_DRAFT_PRIOR = 0.5
+
+
+def entropy_bin(entropy_nats: float) -> int:
+    """The calibration bin of an entropy in nats."""
+    return sum(entropy_nats >= edge for edge in ENTROPY_BIN_EDGES)
+
+
+def _prior(entropy_nats: float) -> float:
+    low, high = _PRIOR_RANGE
+    return min(high, max(low, 1.0 - math.sqrt(_SVIP_ENTROPY_SCALE * entropy_nats)))
+
+
+_BIN_MIDDLES = [(lo + hi) / 2 for lo, hi in zip((0.0,) + ENTROPY_BIN_EDGES[:-1], ENTROPY_BIN_EDGES)]
+BIN_PRIORS = tuple(_prior(h) for h in _BIN_MIDDLES + [_LAST_BIN_ENTROPY])
+
+
+@dataclass
+class CostAwareConfig(DraftLengthConfig):
+    component_name = "cost_aware"
+    max_tokens: int = field(
+        default=40,
+        metadata={
+            "help": "most tokens drafted per round (as svip and adaedl); num_assistant_tokens sets it",
+            "range": Range(1, 128),
+        },
+    )
+    prior_strength: float = field(
+        default=1.0,
+        metadata={"help": "m: weight of the prior, in tested drafts, of each acceptance estimate", "range": POSITIVE},
+    )
+    calibration_discount: float = field(
+        default=0.995,
+        metadata={
+            "help": "δ_c: weight of a tested draft in the acceptance estimates, per later tested draft (1 = never "
+            "forget)",
+            "range": Range(0, 1, low_inclusive=False),
+        },
+    )
+    rate_discount: float = field(
+        default=0.8,
+        metadata={
+            "help": "δ_r: weight of a round in the running rate R̃, per later round (1 = never forget)",
+            "range": Range(0, 1, low_inclusive=False),
+        },
+    )
+    cost_ratio: float | None = field(
+        default=None,
+        metadata={
+            "help": "ρ = t_1/t_0, the time of one drafted token over the rest of a round; None = fitted to the "
+            "rounds' times",
+            "range": POSITIVE,
+        },
+    )
+
+
+@register_policy
+class CostAwarePolicy(DraftLengthPolicy):
+    """Keeps drafting while P_j·p̄ ≥ ρ·R̃; see the module docstring."""
+
+    name = "cost_aware"
+    config_class = CostAwareConfig
+    paper = "https://arxiv.org/abs/2405.19715"
+    length_field = "max_tokens"
+    decides_per_token = True
+    reads_draft_probs = True
+
+    def __init__(self, config: CostAwareConfig | None = None):
+        super().__init__(config)
+        num_bins = len(ENTROPY_BIN_EDGES) + 1
+        self.accepted = [0.0] * num_bins  # a_b
+        self.tested = [0.0] * num_bins  # n_b
+        self.costs = RoundCostFit()
+        self.rate_tokens = self.rate_rounds = self.rate_drafted = 0.0  # discounted Σ (n + 1), Σ 1, Σ k
+        self.round_bins: list[int] = []  # bins of this round's drafts that keep_drafting saw, in order
+        self.survival = 1.0  # P_j of this round
+
+    # The estimates.
+
+    def acceptance(self, bin_index: int) -> float:
+        """p̂ of a draft in that entropy bin."""
+        m = self.config.prior_strength
+        return (self.accepted[bin_index] + m * BIN_PRIORS[bin_index]) / (self.tested[bin_index] + m)
+
+    def next_draft_acceptance(self) -> float:
+        """p̄: the acceptance of a tested draft, whatever its entropy."""
+        m = self.config.prior_strength
+        return (sum(self.accepted) + m * _NEXT_DRAFT_PRIOR) / (sum(self.tested) + m)
+
+    def cost_ratio(self) -> float:
+        """ρ = t_1 / t_0: given, fitted, or 0.1 while the fit is undetermined."""
+        if self.config.cost_ratio is not None:
+            return self.config.cost_ratio
+        fit = self.costs.coefficients()
+        return fit[1] / fit[0] if fit is not None else UNFITTED_COST_RATIO
+
+    def running_rate(self) -> float:
+        """R̃: tokens per t_0 over the discounted rounds (1 before any round)."""
+        if self.rate_rounds == 0:
+            return 1.0
+        return self.rate_tokens / (self.rate_rounds + self.cost_ratio() * self.rate_drafted)
+
+    def threshold(self) -> float:
+        """ρ·R̃: what the next draft's expected tokens must reach."""
+        return self.cost_ratio() * self.running_rate()
+
+    # The policy interface.
+
+    def max_tokens(self) -> int:
+        self.round_bins = []
+        self.survival = 1.0
+        return self.config.max_tokens
+
+    def keep_drafting(self, num_drafted: int, probs: torch.Tensor | None) -> bool:
+        if probs is None:
+            return True
+        bin_index = entropy_bin(float(entropy(probs).max()))  # the host sync of this decision
+        self.round_bins.append(bin_index)
+        self.survival *= self.acceptance(bin_index)
+        return self.survival * self.next_draft_acceptance() >= self.threshold()
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        k, n = outcome.num_drafted, outcome.num_accepted
+        # Drafts 1..n were accepted and draft n + 1 rejected; later ones were never tested. The last draft of a
+        # round is not seen by keep_drafting (nothing is decided after it), so round_bins may stop short of k.
+        tested = self.round_bins[: n + 1]
+        forget = self.config.calibration_discount ** len(tested)
+        self.accepted = [a * forget for a in self.accepted]
+        self.tested = [t * forget for t in self.tested]
+        for position, bin_index in enumerate(tested, start=1):
+            self.tested[bin_index] += 1.0
+            self.accepted[bin_index] += float(position <= n)
+        self.round_bins = []
+        if k > 0 and not outcome.includes_prefill:  # a prefill round's time says little about drafting
+            self.costs.add(k, outcome.seconds)
+        r = self.config.rate_discount
+        self.rate_tokens = r * self.rate_tokens + (n + 1)
+        self.rate_rounds = r * self.rate_rounds + 1.0
+        self.rate_drafted = r * self.rate_drafted + k

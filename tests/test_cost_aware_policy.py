@@ -1,0 +1,169 @@
+"""`cost_aware`: the docstring's worked example, each estimate on worked numbers (calibration, p̄, ρ, R̃), the
+optimality of the rule on geometric streams (it drafts the best fixed length of Leviathan et al.'s formula), what it
+learns from entropy, and its errors. End to end it runs in the registry-built matrix of test_draft_length_policies."""
+
+from __future__ import annotations
+
+import collections
+import math
+import random
+
+import pytest
+from conftest import with_entropy
+
+from hf_semspec.draft_length import POLICIES, RoundOutcome
+from hf_semspec.draft_length import cost_aware as cost_aware_module
+from hf_semspec.draft_length.cost_aware import BIN_PRIORS, CostAwareConfig, CostAwarePolicy, entropy_bin
+from hf_semspec.errors import SemSpecConfigError
+
+# Draft distributions in known calibration bins (edges 0.05, 0.1, 0.2, 0.4, 0.7, 1.0, 1.5, 2.0, 3.0 nats).
+Q_BIN = {b: with_entropy(h) for b, h in {0: 0.02, 2: 0.15, 5: 0.8, 6: 1.2, 7: 1.7, 9: 3.5}.items()}
+
+
+def outcome(drafted: int, accepted: int, seconds: float = 1.0, prefill: bool = False) -> RoundOutcome:
+    return RoundOutcome(num_drafted=drafted, num_accepted=accepted, seconds=seconds, includes_prefill=prefill)
+
+
+def test_entropy_bins_and_priors():
+    assert [entropy_bin(h) for h in (0.0, 0.049, 0.05, 0.3, 0.99, 1.0, 2.5, 3.0, 7.0)] == [0, 0, 1, 3, 5, 6, 8, 9, 9]
+    assert all(entropy_bin(float(-(q * q.log()).nansum())) == b for b, q in Q_BIN.items())
+    # SVIP's bound 1 − sqrt(0.15·H) at each bin's middle, kept within [0.05, 0.99]; the open last bin reads H = 4.
+    assert BIN_PRIORS[0] == pytest.approx(1 - math.sqrt(0.15 * 0.025))
+    assert BIN_PRIORS[5] == pytest.approx(1 - math.sqrt(0.15 * 0.85))
+    assert BIN_PRIORS[9] == pytest.approx(1 - math.sqrt(0.15 * 4.0))
+    assert list(BIN_PRIORS) == sorted(BIN_PRIORS, reverse=True)
+
+
+def test_docstring_worked_example():
+    # ρ = 0.2 and R̃ = 2 (threshold 0.4), p̄ = 0.8; drafts with p̂ = 0.99, 0.95, 0.6, 0.8 → stop after the fourth.
+    policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2))
+    policy.rate_tokens, policy.rate_rounds, policy.rate_drafted = 2.0, 1.0, 0.0
+    assert policy.threshold() == pytest.approx(0.4)
+    p_hat = {0: 0.99, 2: 0.95, 7: 0.6, 5: 0.8}
+    policy.acceptance = p_hat.__getitem__
+    policy.next_draft_acceptance = lambda: 0.8
+    policy.max_tokens()
+    decisions = [policy.keep_drafting(j, Q_BIN[b]) for j, b in enumerate(p_hat, start=1)]
+    assert decisions == [True, True, True, False]
+    assert policy.survival == pytest.approx(0.99 * 0.95 * 0.6 * 0.8)
+    # A cheaper draft (ρ = 0.1, threshold 0.2) drafts on after the same four.
+    cheaper = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1))
+    cheaper.rate_tokens, cheaper.rate_rounds = 2.0, 1.0
+    cheaper.acceptance, cheaper.next_draft_acceptance = p_hat.__getitem__, (lambda: 0.8)
+    cheaper.max_tokens()
+    assert [cheaper.keep_drafting(j, Q_BIN[b]) for j, b in enumerate(p_hat, start=1)] == [True] * 4
+
+
+def test_calibration_learns_the_tested_drafts_only():
+    policy = CostAwarePolicy(CostAwareConfig(calibration_discount=0.5))
+    policy.max_tokens()
+    for j, b in enumerate([0, 0, 6, 9], start=1):
+        policy.keep_drafting(j, Q_BIN[b])
+    policy.observe(outcome(5, 2))  # drafts 1-2 accepted, 3 rejected, 4-5 never tested
+    assert policy.tested == [2, 0, 0, 0, 0, 0, 1, 0, 0, 0]
+    assert policy.accepted == [2, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert policy.acceptance(0) == pytest.approx((2 + BIN_PRIORS[0]) / 3)
+    assert policy.acceptance(6) == pytest.approx(BIN_PRIORS[6] / 2)
+    assert policy.acceptance(9) == BIN_PRIORS[9]  # untested: the prior
+    assert policy.next_draft_acceptance() == pytest.approx((2 + 0.5) / (3 + 1))
+    # Next round, 2 drafts both accepted: the last draft of a round is never seen (nothing is decided after it), so
+    # one tested draft, which weighs the old counts by δ_c = 0.5.
+    policy.max_tokens()
+    policy.keep_drafting(1, Q_BIN[6])
+    policy.observe(outcome(2, 2))
+    assert policy.tested[0] == pytest.approx(1.0) and policy.accepted[0] == pytest.approx(1.0)
+    assert policy.tested[6] == pytest.approx(1.5) and policy.accepted[6] == pytest.approx(1.0)
+
+
+def test_cost_ratio_and_running_rate_worked_numbers():
+    policy = CostAwarePolicy()
+    assert policy.cost_ratio() == cost_aware_module.UNFITTED_COST_RATIO and policy.running_rate() == 1.0
+    policy.observe(outcome(6, 6, seconds=50.0, prefill=True))  # the prompt's prefill: not a drafting cost
+    policy.observe(outcome(2, 2, seconds=1.4))
+    assert policy.cost_ratio() == cost_aware_module.UNFITTED_COST_RATIO  # one timed length: no fit yet
+    policy.observe(outcome(4, 4, seconds=1.8))
+    # s = 1.0 + 0.2·k through (2, 1.4) and (4, 1.8): ρ = 0.2. R̃ over the three rounds with δ_r = 0.8:
+    # tokens 0.64·7 + 0.8·3 + 5 = 11.88, rounds 0.64 + 0.8 + 1 = 2.44, drafted 0.64·6 + 0.8·2 + 4 = 9.44.
+    assert policy.cost_ratio() == pytest.approx(0.2)
+    assert policy.running_rate() == pytest.approx(11.88 / (2.44 + 0.2 * 9.44))
+
+
+def best_fixed_length(alpha: float, rho: float, cap: int = 40) -> tuple[int, callable]:
+    """argmax_γ E_γ / (1 + ρ·γ), E_γ = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3), and that rate."""
+    def rate(gamma: int) -> float:
+        return (1 - alpha ** (gamma + 1)) / (1 - alpha) / (1 + rho * gamma)
+    return max(range(1, cap + 1), key=rate), rate
+
+
+def simulate_geometric(alpha: float, rho: float, rounds: int, seed: int) -> tuple[CostAwarePolicy, list[int]]:
+    """Rounds where every draft has the same entropy and is accepted with probability α, timed 1 + ρ·k seconds."""
+    rng = random.Random(seed)
+    policy, q = CostAwarePolicy(), with_entropy(0.5)
+    lengths = []
+    for _ in range(rounds):
+        cap, drafted = policy.max_tokens(), 1
+        while drafted < cap and policy.keep_drafting(drafted, q):
+            drafted += 1
+        accepted = 0
+        while accepted < drafted and rng.random() < alpha:
+            accepted += 1
+        policy.observe(outcome(drafted, accepted, seconds=1.0 + rho * drafted))
+        lengths.append(drafted)
+    return policy, lengths
+
+
+@pytest.mark.parametrize("alpha, rho, best", [(0.8, 0.2, 4), (0.8, 0.1, 6), (0.6, 0.2, 2), (0.9, 0.05, 13)])
+def test_drafts_the_best_fixed_length_on_a_geometric_stream(alpha, rho, best):
+    # With one entropy everywhere P_j = α^j, so the rule is a fixed length, and its fixed point is the best one.
+    assert best_fixed_length(alpha, rho)[0] == best
+    rate = best_fixed_length(alpha, rho)[1]
+    for seed in range(2):
+        policy, lengths = simulate_geometric(alpha, rho, rounds=1500, seed=seed)
+        settled = lengths[500:]
+        assert policy.cost_ratio() == pytest.approx(rho)  # fitted from the rounds' times
+        # R̃'s noise moves the length around γ* (by ±2 where the optimum is flat: at α = 0.9, ρ = 0.05, γ = 15 has
+        # 0.996 of γ* = 13's rate), which costs under 1% of the best fixed length's throughput.
+        assert abs(collections.Counter(settled).most_common(1)[0][0] - best) <= 2
+        assert sum(rate(k) for k in settled) / len(settled) / rate(best) > 0.99
+
+
+def test_learns_which_entropies_are_accepted_and_stops_after_an_unsure_draft():
+    # Sure drafts (bin 0) are always accepted, unsure ones (bin 7) one time in five: after training the round goes on
+    # through sure drafts and stops right after an unsure one.
+    rng = random.Random(0)
+    policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2))
+    for _ in range(300):
+        kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
+        cap, drafted = policy.max_tokens(), 1
+        while drafted < min(cap, 12) and policy.keep_drafting(drafted, Q_BIN[kinds[drafted - 1]]):
+            drafted += 1
+        accepted = 0
+        while accepted < drafted and (kinds[accepted] == 0 or rng.random() < 0.2):
+            accepted += 1
+        policy.observe(outcome(drafted, accepted))
+    assert policy.acceptance(0) > 0.97 and 0.05 < policy.acceptance(7) < 0.4
+    policy.max_tokens()
+    assert all(policy.keep_drafting(j, Q_BIN[0]) for j in range(1, 9))
+    assert not policy.keep_drafting(9, Q_BIN[7])
+
+
+def test_a_cheaper_draft_drafts_longer_on_the_same_stream():
+    short = simulate_geometric(0.85, 0.3, rounds=400, seed=0)[1][200:]
+    long = simulate_geometric(0.85, 0.05, rounds=400, seed=0)[1][200:]
+    assert sum(long) / len(long) > 2 * sum(short) / len(short)
+
+
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"max_tokens": 0}, r"`draft_length_kwargs\['max_tokens'\]` = 0 .*\[1, 128\]"),
+        ({"prior_strength": 0}, r"`draft_length_kwargs\['prior_strength'\]` = 0 .*\(0, inf\)"),
+        ({"calibration_discount": 0.0}, r"`draft_length_kwargs\['calibration_discount'\]` = 0.0 .*\(0, 1\]"),
+        ({"rate_discount": 1.5}, r"`draft_length_kwargs\['rate_discount'\]` = 1.5 .*\(0, 1\]"),
+        ({"cost_ratio": -0.1}, r"`draft_length_kwargs\['cost_ratio'\]` = -0.1 "),
+        ({"threshold": 0.3}, r"unknown option\(s\) \['threshold'\] for 'cost_aware'"),
+    ],
+)
+def test_bad_options_name_the_field(options, message):
+    with pytest.raises(SemSpecConfigError, match=message):
+        POLICIES.build("cost_aware", options)

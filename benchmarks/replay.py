@@ -163,6 +163,18 @@ def record_trace(pair: models.ModelPair, prompt: data.Prompt, eos_ids: list[int]
             "entropies": entropies}
 
 
+def held_out_selection(pool: list[data.Prompt], per_category: int, skip_per_category: int, strategy: str,
+                       max_prompt_chars: int, max_new_tokens: int) -> tuple[list[data.Prompt], str]:
+    """The prompts of `data.select_balanced(pool, per_category + skip_per_category, strategy)` less those of a selection
+    of `skip_per_category` (for `shortest` and `first`: the next `per_category` of each category), and its description."""
+    prompts = data.select_balanced(pool, per_category + skip_per_category, strategy)
+    skipped = {p.prompt_id for p in data.select_balanced(pool, skip_per_category, strategy)} if skip_per_category else set()
+    prompts = [p for p in prompts if p.prompt_id not in skipped]
+    after = f" after the {skip_per_category} it takes first" if skip_per_category else ""
+    return prompts, (f"{len(prompts)} Spec-Bench prompts ({per_category} per category{after}, `{strategy}` selection, "
+                     f"<= {max_prompt_chars} characters), max_new_tokens={max_new_tokens}")
+
+
 def load_costs(path: Path) -> dict:
     results = json.loads(path.read_text(encoding="utf-8"))
     costs = results["aggregates"].get("cost_model") or metrics.fit_round_costs(results["records"])
@@ -262,6 +274,8 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                         "times, from a fresh instance, with seeds seed, seed+1, ...; the table averages them")
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--prompts-per-category", type=int, default=1)
+    parser.add_argument("--skip-per-category", type=int, default=0, help="leave out the prompts that a selection of "
+                        "this many per category takes, e.g. 3 after tuning on --prompts-per-category 3: held-out prompts")
     parser.add_argument("--selection", choices=("shortest", "spread", "first"), default="shortest")
     parser.add_argument("--max-prompt-chars", type=int, default=300)
     parser.add_argument("--max-new-tokens", type=int, default=64)
@@ -279,6 +293,8 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
         if not replayable(policy):
             raise ValueError(f"--draft-lengths: {name} decides per drafted token from more than the draft's entropy; "
                              f"replay takes fixed-budget policies and {sorted(ENTROPY_POLICIES)}")
+    if args.skip_per_category < 0:
+        raise ValueError(f"--skip-per-category: got {args.skip_per_category}; expected >= 0. Fix: pass 0 to skip none.")
     if args.round_time_noise < 0:
         raise ValueError(f"--round-time-noise: got {args.round_time_noise}; expected σ >= 0. Fix: pass 0 for none.")
     if args.seeds < 1 or (args.seeds > 1 and args.round_time_noise == 0):
@@ -295,9 +311,8 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     else:
         pool = data.load_question_prompts(args.data_dir / data.SPECBENCH_FILE, args.max_new_tokens)
         pool, _ = data.drop_long(pool, args.max_prompt_chars or None)
-        prompts = data.select_balanced(pool, args.prompts_per_category, args.selection)
-        selection = (f"{len(prompts)} Spec-Bench prompts ({args.prompts_per_category} per category, `{args.selection}` "
-                     f"selection, <= {args.max_prompt_chars} characters), max_new_tokens={args.max_new_tokens}")
+        prompts, selection = held_out_selection(pool, args.prompts_per_category, args.skip_per_category,
+                                                args.selection, args.max_prompt_chars, args.max_new_tokens)
         pair = load_pair("qwen", cache_dir=args.cache_dir)
         model_names = {"target": pair.target_name, "draft": pair.draft_name}
         eos_ids = metrics.eos_ids_of(pair.target)

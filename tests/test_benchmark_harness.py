@@ -720,6 +720,18 @@ def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
     assert fixed == {"target_forwards": 1, "draft_forwards": 9, "new_tokens": 4}
 
 
+def test_replay_held_out_selection_leaves_out_the_tuning_prompts():
+    # Two categories of four prompts, texts of lengths 1-4: shortest 2 per category after the 2 it takes first is
+    # the two longest of each, and none of the first selection's.
+    pool = [data.Prompt(f"{c}{n}", c, "x" * n, 8) for c in ("a", "b") for n in (3, 1, 4, 2)]
+    first, _ = replay.held_out_selection(pool, 2, 0, "shortest", 300, 8)
+    held_out, text = replay.held_out_selection(pool, 2, 2, "shortest", 300, 8)
+    assert [p.prompt_id for p in first] == ["a1", "b1", "a2", "b2"]
+    assert [p.prompt_id for p in held_out] == ["a3", "b3", "a4", "b4"]
+    assert text == "4 Spec-Bench prompts (2 per category after the 2 it takes first, `shortest` selection, <= 300 " \
+                   "characters), max_new_tokens=8"
+
+
 def test_replay_refuses_what_a_trace_cannot_replay():
     class ReadsTopToken(SVIPPolicy):  # a per-token policy that is not known to read q only through H(q)
         name = "reads_top_token"
@@ -841,3 +853,5 @@ def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_pa
     assert "seeds 0 to 2, a fresh policy each" in markdown and "| `tapout` |" in markdown
     with pytest.raises(ValueError, match="--seeds: got 3 with --round-time-noise 0.0"):
         replay.main(argv[:-2] + traces + ["--seeds", "3"], load_pair=tiny_pair)
+    with pytest.raises(ValueError, match="--skip-per-category: got -1; expected >= 0"):
+        replay.main(argv + traces + ["--skip-per-category", "-1"], load_pair=tiny_pair)

@@ -161,9 +161,59 @@ def test_a_cheaper_draft_drafts_longer_on_the_same_stream():
         ({"calibration_discount": 0.0}, r"`draft_length_kwargs\['calibration_discount'\]` = 0.0 .*\(0, 1\]"),
         ({"rate_discount": 1.5}, r"`draft_length_kwargs\['rate_discount'\]` = 1.5 .*\(0, 1\]"),
         ({"cost_ratio": -0.1}, r"`draft_length_kwargs\['cost_ratio'\]` = -0.1 "),
+        ({"explore_after": -1}, r"`draft_length_kwargs\['explore_after'\]` = -1 .*\[0, 1000\]"),
         ({"threshold": 0.3}, r"unknown option\(s\) \['threshold'\] for 'cost_aware'"),
     ],
 )
 def test_bad_options_name_the_field(options, message):
     with pytest.raises(SemSpecConfigError, match=message):
         POLICIES.build("cost_aware", options)
+
+
+def test_an_exploration_round_follows_explore_after_rounds_of_one_length():
+    policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2, explore_after=3))
+    policy.acceptance, policy.next_draft_acceptance = (lambda b: 0.9), (lambda: 0.9)
+    policy.rate_tokens, policy.rate_rounds = 2.0, 1.0  # threshold 0.4: P·p̄ = 0.9^(j+1) stops after j = 8
+
+    def round_length() -> int:
+        cap, drafted = policy.max_tokens(), 1
+        while drafted < cap and policy.keep_drafting(drafted, Q_BIN[0]):
+            drafted += 1
+        policy.observe(outcome(drafted, drafted))
+        policy.rate_tokens, policy.rate_rounds, policy.rate_drafted = 2.0, 1.0, 0.0  # keep R̃ = 2
+        return drafted
+
+    assert [round_length() for _ in range(8)] == [8, 8, 8, 10, 8, 8, 8, 10]  # 8 three times in a row → 8 + 2
+    assert not CostAwarePolicy(CostAwareConfig(explore_after=0)).exploring
+
+
+def test_gets_out_of_a_cost_fit_locked_by_slow_first_rounds():
+    # Live on the reference pair (fly): the first timed rounds, k = 2 in 1.40 s (one-off costs) and k = 1 in 1.00 s,
+    # fitted ρ = 0.64 where the machine's was 0.27; every later round then stopped after one draft, and rounds that
+    # all draft one token never move the slope. After `explore_after` rounds of one length a round drafts two past its
+    # stop, which gives the fit other lengths: the policy comes back to the lengths the true costs call for.
+    rng, q = random.Random(0), with_entropy(0.5)
+
+    def run(explore_after: int) -> tuple[CostAwarePolicy, list[int]]:
+        policy = CostAwarePolicy(CostAwareConfig(explore_after=explore_after))
+        policy.observe(outcome(2, 2, seconds=1.40))
+        policy.observe(outcome(1, 1, seconds=1.00))
+        lengths = []
+        for _ in range(600):
+            cap, drafted = policy.max_tokens(), 1
+            while drafted < cap and policy.keep_drafting(drafted, q):
+                drafted += 1
+            accepted = 0
+            while accepted < drafted and rng.random() < 0.85:
+                accepted += 1
+            policy.observe(outcome(drafted, accepted, seconds=0.75 + 0.2 * drafted))
+            lengths.append(drafted)
+        return policy, lengths
+
+    locked, locked_lengths = run(explore_after=0)
+    assert locked.cost_ratio() > 0.5 and set(locked_lengths[-100:]) == {1}
+    best, rate = best_fixed_length(0.85, 0.2 / 0.75)
+    recovered, lengths = run(explore_after=10)
+    assert recovered.cost_ratio() == pytest.approx(0.2 / 0.75, rel=0.15)
+    settled = lengths[300:]
+    assert sum(rate(k) for k in settled) / len(settled) / rate(best) > 0.97

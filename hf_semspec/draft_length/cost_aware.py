@@ -35,11 +35,20 @@ and the running rate above. The bins, the SVIP prior, m, the discounts and the p
 (a memory of about 200 tested drafts) lets the calibration follow the text: the same entropy is accepted less often
 in code than in prose on the reference pair. δ_r = 0.8 (about 5 rounds) lets the rate follow it. Until two draft
 lengths have been timed, ρ = 0.1; `cost_ratio=` fixes ρ instead (e.g. from a profile) and skips the fit. Before any
-round R̃ = 1 (plain decoding's one token per target forward). The first draft of a round is always made (the loop
-asks after a token is drafted), and the token that ends the round is still proposed. With a batch the entropy is
-the largest of the rows'. Each decision reads one value from the device: one host sync per drafted token. With the
-relaxed rules the learned acceptance is that rule's; `fly`'s deferred window makes a draft's acceptance depend on
-later drafts, which the rule does not model.
+round R̃ = 1 (plain decoding's one token per target forward).
+
+Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
+round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds
+(k = 2 in 1.40 s, with one-off costs, then k = 1 in 1.00 s) fitted ρ = 0.64 where the machine's was 0.27; the
+threshold then stopped every round after one draft, for the whole run (0.87 of the best fixed length). So after
+`explore_after` (10) rounds in a row of one length, the next round drafts 2 past its stop. A per-token rule varies its
+length with the text, so in normal operation this never happens; stuck, it costs two drafts every eleventh round until
+the fit has moved.
+
+The first draft of a round is always made (the loop asks after a token is drafted), and the token that ends the round
+is still proposed. With a batch the entropy is the largest of the rows'. Each decision reads one value from the
+device: one host sync per drafted token. With the relaxed rules the learned acceptance is that rule's; `fly`'s
+deferred window makes a draft's acceptance depend on later drafts, which the rule does not model.
 
 Measured (`benchmarks/results/`, modeled time on the reference CPU): see the README's draft-length results.
 
@@ -70,6 +79,7 @@ _LAST_BIN_ENTROPY = 4.0  # where the open last bin's prior is read
 _SVIP_ENTROPY_SCALE = 0.15  # the prior 1 − sqrt(0.15·H): SVIP's bound (svip.py), a pessimistic start
 _PRIOR_RANGE = (0.05, 0.99)  # no bin starts certain either way
 _NEXT_DRAFT_PRIOR = 0.5
+EXPLORATION_DRAFTS = 2  # drafts past the stop in an exploration round
 
 
 def entropy_bin(entropy_nats: float) -> int:
@@ -123,6 +133,14 @@ class CostAwareConfig(DraftLengthConfig):
             "range": POSITIVE,
         },
     )
+    explore_after: int = field(
+        default=10,
+        metadata={
+            "help": f"after this many rounds in a row of one length, the next round drafts {EXPLORATION_DRAFTS} past "
+            "its stop, so that the cost fit sees another length; 0 = never",
+            "range": Range(0, 1000),
+        },
+    )
 
 
 @register_policy
@@ -145,6 +163,9 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.rate_tokens = self.rate_rounds = self.rate_drafted = 0.0  # discounted Σ (n + 1), Σ 1, Σ k
         self.round_bins: list[int] = []  # bins of this round's drafts that keep_drafting saw, in order
         self.survival = 1.0  # P_j of this round
+        self.last_length, self.same_length_rounds = 0, 0  # the latest round's k, and how many rounds in a row drafted it
+        self.exploring = False  # this round drafts EXPLORATION_DRAFTS past its stop
+        self.drafts_past_stop = 0
 
     # The estimates.
 
@@ -180,6 +201,8 @@ class CostAwarePolicy(DraftLengthPolicy):
     def max_tokens(self) -> int:
         self.round_bins = []
         self.survival = 1.0
+        self.exploring = 0 < self.config.explore_after <= self.same_length_rounds
+        self.drafts_past_stop = 0
         return self.config.max_tokens
 
     def keep_drafting(self, num_drafted: int, probs: torch.Tensor | None) -> bool:
@@ -188,7 +211,13 @@ class CostAwarePolicy(DraftLengthPolicy):
         bin_index = entropy_bin(float(entropy(probs).max()))  # the host sync of this decision
         self.round_bins.append(bin_index)
         self.survival *= self.acceptance(bin_index)
-        return self.survival * self.next_draft_acceptance() >= self.threshold()
+        if self.drafts_past_stop == 0 and self.survival * self.next_draft_acceptance() >= self.threshold():
+            return True
+        # P_j only falls within a round, so once the rule says stop it stays stopped; an exploration round goes on.
+        if self.exploring and self.drafts_past_stop < EXPLORATION_DRAFTS:
+            self.drafts_past_stop += 1
+            return True
+        return False
 
     def observe(self, outcome: RoundOutcome) -> None:
         k, n = outcome.num_drafted, outcome.num_accepted
@@ -204,6 +233,9 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_bins = []
         if k > 0 and not outcome.includes_prefill:  # a prefill round's time says little about drafting
             self.costs.add(k, outcome.seconds)
+        if k > 0:
+            self.same_length_rounds = self.same_length_rounds + 1 if k == self.last_length else 1
+            self.last_length = k
         r = self.config.rate_discount
         self.rate_tokens = r * self.rate_tokens + (n + 1)
         self.rate_rounds = r * self.rate_rounds + 1.0

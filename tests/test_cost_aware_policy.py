@@ -88,7 +88,7 @@ def test_cost_ratio_and_running_rate_worked_numbers():
     assert policy.running_rate() == pytest.approx(11.88 / (2.44 + 0.2 * 9.44))
 
 
-def best_fixed_length(alpha: float, rho: float, cap: int = 40) -> tuple[int, callable]:
+def best_fixed_length(alpha: float, rho: float, cap: int = 24) -> tuple[int, callable]:  # cap: the policy's
     """argmax_γ E_γ / (1 + ρ·γ), E_γ = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3), and that rate."""
     def rate(gamma: int) -> float:
         return (1 - alpha ** (gamma + 1)) / (1 - alpha) / (1 + rho * gamma)

@@ -587,8 +587,8 @@ def test_tapout_default_arms_and_blended_reward():
     assert policy.arm_names == ["cost_aware", "svip"]
     assert [type(a) for a in policy.arms] == [CostAwarePolicy, SVIPPolicy]
     blended = TapOutPolicy(TapOutConfig(reward="blended"))
-    blended.max_tokens()  # cost_aware, budget 40 = L
-    assert blended.reward(outcome(8, 6)) == pytest.approx(0.5 * 6 / 40 + 0.5 * 6 / 8)
+    blended.max_tokens()  # cost_aware, budget 24 = L
+    assert blended.reward(outcome(8, 6)) == pytest.approx(0.5 * 6 / 24 + 0.5 * 6 / 8)
     assert blended.reward(outcome(0, 0)) == 0.0
     speed = TapOutPolicy()
     assert speed.reward(outcome(8, 3, seconds=0.5)) == pytest.approx(8.0)

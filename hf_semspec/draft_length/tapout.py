@@ -44,8 +44,9 @@ adaedl capped at 40 as by default). The time-based rewards and the "tokens_per_f
 choice; "blended" is our reading of the summaries, not the paper's formula. The division by R, playing each arm once
 first and the Gaussian form of Thompson sampling are ours. Arms given without a length whose length option is unset
 (heuristic's initial length, constant's length) get `num_tokens` (num_assistant_tokens, else the acceptance rule's
-default); the per-token arms keep their own cap of 40. The first round of a `generate()` call also pays the prompt's
-prefill (`RoundOutcome.includes_prefill`), so with the time-based reward it updates the arm but not the bandit.
+default); the per-token arms keep their own caps (40 for adaedl and svip, 24 for cost_aware). The first round of a
+`generate()` call also pays the prompt's prefill (`RoundOutcome.includes_prefill`), so with the time-based reward it
+updates the arm but not the bandit.
 
 Why the default arms are `cost_aware` and `svip` (ours). Like the paper's, they are stopping rules that read the draft's
 confidence, one of the paper's (SVIP) and this package's `cost_aware`, the strongest single policy measured here. The

@@ -53,8 +53,9 @@ confidence, one of the paper's (SVIP) and this package's `cost_aware`, the stron
 bandit cannot tell arms a few percent apart within one benchmark (below), so every weak arm costs rounds: replayed on
 `exact` greedy traces of the reference pair (ratio to the best fixed length, mean over 5 prompt orders, 30 tuning
 prompts / 29 held-out prompts × 128 tokens), ["cost_aware", "svip"] 1.10 / 1.10, adding `adaedl` 1.07 / 1.08, the
-previous defaults ["adaedl", "svip", "heuristic"] 0.99 / 1.01, and `cost_aware` alone 1.11 / 1.12. Pass
-`arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
+previous defaults ["adaedl", "svip", "heuristic"] 0.99 / 1.01, and `cost_aware` alone 1.11 / 1.12. Live with these
+arms (`benchmarks/results/draft-length-final.md`, modeled time, 10 prompts × 64 tokens): 0.99 with `exact` and 1.04
+with `fly`, `heuristic` 0.96 and 0.97. Pass `arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes

@@ -95,19 +95,29 @@ def best_fixed_length(alpha: float, rho: float, cap: int = 24) -> tuple[int, cal
     return max(range(1, cap + 1), key=rate), rate
 
 
-def simulate_geometric(alpha: float, rho: float, rounds: int, seed: int) -> tuple[CostAwarePolicy, list[int]]:
-    """Rounds where every draft has the same entropy and is accepted with probability α, timed 1 + ρ·k seconds."""
+def draft_round(policy: CostAwarePolicy, q_of_draft, limit: int | None = None) -> int:
+    """One round's drafting as the decoding loop does it: the first draft is always made, then one more while the
+    policy says so, up to its cap (and `limit`); `q_of_draft(j)` is draft j's distribution. Returns k."""
+    cap, drafted = policy.max_tokens(), 1
+    cap = min(cap, limit) if limit is not None else cap
+    while drafted < cap and policy.keep_drafting(drafted, q_of_draft(drafted)):
+        drafted += 1
+    return drafted
+
+
+def simulate_geometric(alpha: float, rho: float, rounds: int, seed: int, policy: CostAwarePolicy | None = None,
+                       base_seconds: float = 1.0) -> tuple[CostAwarePolicy, list[int]]:
+    """Rounds where every draft has the same entropy and is accepted with probability α, timed
+    base_seconds·(1 + ρ·k) seconds; `policy` defaults to a fresh `CostAwarePolicy()`."""
     rng = random.Random(seed)
-    policy, q = CostAwarePolicy(), with_entropy(0.5)
+    policy, q = policy or CostAwarePolicy(), with_entropy(0.5)
     lengths = []
     for _ in range(rounds):
-        cap, drafted = policy.max_tokens(), 1
-        while drafted < cap and policy.keep_drafting(drafted, q):
-            drafted += 1
+        drafted = draft_round(policy, lambda j: q)
         accepted = 0
         while accepted < drafted and rng.random() < alpha:
             accepted += 1
-        policy.observe(outcome(drafted, accepted, seconds=1.0 + rho * drafted))
+        policy.observe(outcome(drafted, accepted, seconds=base_seconds * (1.0 + rho * drafted)))
         lengths.append(drafted)
     return policy, lengths
 
@@ -134,9 +144,7 @@ def test_learns_which_entropies_are_accepted_and_stops_after_an_unsure_draft():
     policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2))
     for _ in range(300):
         kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
-        cap, drafted = policy.max_tokens(), 1
-        while drafted < min(cap, 12) and policy.keep_drafting(drafted, Q_BIN[kinds[drafted - 1]]):
-            drafted += 1
+        drafted = draft_round(policy, lambda j: Q_BIN[kinds[j - 1]], limit=12)
         accepted = 0
         while accepted < drafted and (kinds[accepted] == 0 or rng.random() < 0.2):
             accepted += 1
@@ -176,9 +184,7 @@ def test_an_exploration_round_follows_explore_after_rounds_of_one_length():
     policy.rate_tokens, policy.rate_rounds = 2.0, 1.0  # threshold 0.4: P·p̄ = 0.9^(j+1) stops after j = 8
 
     def round_length() -> int:
-        cap, drafted = policy.max_tokens(), 1
-        while drafted < cap and policy.keep_drafting(drafted, Q_BIN[0]):
-            drafted += 1
+        drafted = draft_round(policy, lambda j: Q_BIN[0])
         policy.observe(outcome(drafted, drafted))
         policy.rate_tokens, policy.rate_rounds, policy.rate_drafted = 2.0, 1.0, 0.0  # keep R̃ = 2
         return drafted
@@ -192,23 +198,12 @@ def test_gets_out_of_a_cost_fit_locked_by_slow_first_rounds():
     # fitted ρ = 0.64 where the machine's was 0.27; every later round then stopped after one draft, and rounds that
     # all draft one token never move the slope. After `explore_after` rounds of one length a round drafts two past its
     # stop, which gives the fit other lengths: the policy comes back to the lengths the true costs call for.
-    rng, q = random.Random(0), with_entropy(0.5)
-
     def run(explore_after: int) -> tuple[CostAwarePolicy, list[int]]:
         policy = CostAwarePolicy(CostAwareConfig(explore_after=explore_after))
         policy.observe(outcome(2, 2, seconds=1.40))
         policy.observe(outcome(1, 1, seconds=1.00))
-        lengths = []
-        for _ in range(600):
-            cap, drafted = policy.max_tokens(), 1
-            while drafted < cap and policy.keep_drafting(drafted, q):
-                drafted += 1
-            accepted = 0
-            while accepted < drafted and rng.random() < 0.85:
-                accepted += 1
-            policy.observe(outcome(drafted, accepted, seconds=0.75 + 0.2 * drafted))
-            lengths.append(drafted)
-        return policy, lengths
+        # Then the machine's true costs: 0.75 + 0.2·k seconds, ρ = 0.2 / 0.75; drafts accepted with α = 0.85.
+        return simulate_geometric(0.85, 0.2 / 0.75, rounds=600, seed=0, policy=policy, base_seconds=0.75)
 
     locked, locked_lengths = run(explore_after=0)
     assert locked.cost_ratio() > 0.5 and set(locked_lengths[-100:]) == {1}

@@ -173,7 +173,6 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_bins: list[int] = []  # bins of this round's drafts that keep_drafting saw, in order
         self.survival = 1.0  # P_j of this round
         self.last_length, self.same_length_rounds = 0, 0  # the latest round's k, and how many rounds in a row drafted it
-        self.exploring = False  # this round drafts EXPLORATION_DRAFTS past its stop
         self.drafts_past_stop = 0
 
     # The estimates.
@@ -205,12 +204,16 @@ class CostAwarePolicy(DraftLengthPolicy):
         """ρ·R̃: what the next draft's expected tokens must reach."""
         return self.cost_ratio() * self.running_rate()
 
+    @property
+    def exploring(self) -> bool:
+        """Whether this round drafts EXPLORATION_DRAFTS past its stop: `explore_after` rounds in a row had one length."""
+        return 0 < self.config.explore_after <= self.same_length_rounds
+
     # The policy interface.
 
     def max_tokens(self) -> int:
         self.round_bins = []
         self.survival = 1.0
-        self.exploring = 0 < self.config.explore_after <= self.same_length_rounds
         self.drafts_past_stop = 0
         return self.config.max_tokens
 

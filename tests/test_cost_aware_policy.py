@@ -37,8 +37,8 @@ def test_entropy_bins_and_priors():
 def test_docstring_worked_example():
     # ρ = 0.2 and R̃ = 2 (threshold 0.4), p̄ = 0.8; drafts with p̂ = 0.99, 0.95, 0.6, 0.8 → stop after the fourth.
     policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2))
-    policy.rate_tokens, policy.rate_rounds, policy.rate_drafted = 2.0, 1.0, 0.0
-    assert policy.threshold() == pytest.approx(0.4)
+    policy.rate_tokens, policy.rate_rounds = 2.0, {0: 1.0}  # one round, 2 tokens in t̂(0) = 1: R̃ = 2
+    assert policy.running_rate() == pytest.approx(2.0)
     p_hat = {0: 0.99, 2: 0.95, 7: 0.6, 5: 0.8}
     policy.acceptance = p_hat.__getitem__
     policy.next_draft_acceptance = lambda: 0.8
@@ -48,7 +48,7 @@ def test_docstring_worked_example():
     assert policy.survival == pytest.approx(0.99 * 0.95 * 0.6 * 0.8)
     # A cheaper draft (ρ = 0.1, threshold 0.2) drafts on after the same four.
     cheaper = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1))
-    cheaper.rate_tokens, cheaper.rate_rounds = 2.0, 1.0
+    cheaper.rate_tokens, cheaper.rate_rounds = 2.0, {0: 1.0}
     cheaper.acceptance, cheaper.next_draft_acceptance = p_hat.__getitem__, (lambda: 0.8)
     cheaper.max_tokens()
     assert [cheaper.keep_drafting(j, Q_BIN[b]) for j, b in enumerate(p_hat, start=1)] == [True] * 4
@@ -181,12 +181,12 @@ def test_bad_options_name_the_field(options, message):
 def test_an_exploration_round_follows_explore_after_rounds_of_one_length():
     policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2, explore_after=3))
     policy.acceptance, policy.next_draft_acceptance = (lambda b: 0.9), (lambda: 0.9)
-    policy.rate_tokens, policy.rate_rounds = 2.0, 1.0  # threshold 0.4: P·p̄ = 0.9^(j+1) stops after j = 8
+    policy.rate_tokens, policy.rate_rounds = 2.0, {0: 1.0}  # threshold 0.4: P·p̄ = 0.9^(j+1) stops after j = 8
 
     def round_length() -> int:
         drafted = draft_round(policy, lambda j: Q_BIN[0])
         policy.observe(outcome(drafted, drafted))
-        policy.rate_tokens, policy.rate_rounds, policy.rate_drafted = 2.0, 1.0, 0.0  # keep R̃ = 2
+        policy.rate_tokens, policy.rate_rounds = 2.0, {0: 1.0}  # keep R̃ = 2
         return drafted
 
     assert [round_length() for _ in range(8)] == [8, 8, 8, 10, 8, 8, 8, 10]  # 8 three times in a row → 8 + 2

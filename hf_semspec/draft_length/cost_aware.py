@@ -169,7 +169,8 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.accepted = [0.0] * num_bins  # a_b
         self.tested = [0.0] * num_bins  # n_b
         self.costs = RoundCostFit()
-        self.rate_tokens = self.rate_rounds = self.rate_drafted = 0.0  # discounted Σ (n + 1), Σ 1, Σ k
+        self.rate_tokens = 0.0  # discounted Σ (n + 1) over the rounds
+        self.rate_rounds: dict[int, float] = {}  # k → discounted count of the rounds that drafted k
         self.round_bins: list[int] = []  # bins of this round's drafts that keep_drafting saw, in order
         self.survival = 1.0  # P_j of this round
         self.last_length, self.same_length_rounds = 0, 0  # the latest round's k, and how many rounds in a row drafted it
@@ -188,21 +189,36 @@ class CostAwarePolicy(DraftLengthPolicy):
         return (sum(self.accepted) + m * _NEXT_DRAFT_PRIOR) / (sum(self.tested) + m)
 
     def cost_ratio(self) -> float:
-        """ρ = t_1 / t_0: given, fitted, or 0.1 while the fit is undetermined."""
+        """ρ = t_1 / t_0 of the line: given, fitted, or 0.1 while the fit is undetermined."""
         if self.config.cost_ratio is not None:
             return self.config.cost_ratio
         fit = self.costs.coefficients()
         return fit[1] / fit[0] if fit is not None else UNFITTED_COST_RATIO
 
-    def running_rate(self) -> float:
-        """R̃: tokens per t_0 over the discounted rounds (1 before any round)."""
-        if self.rate_rounds == 0:
-            return 1.0
-        return self.rate_tokens / (self.rate_rounds + self.cost_ratio() * self.rate_drafted)
+    def round_seconds(self, num_drafted: int) -> float:
+        """t̂(k), the time of a round drafting k: with `cost_ratio` given, 1 + ρ·k (in units of t_0); once two
+        lengths are timed, the rounds' mean time at k shrunk toward the fitted line (`RoundCostFit.length_seconds`);
+        before that, 1 + 0.1·k."""
+        measured = self.costs.length_seconds(num_drafted) if self.config.cost_ratio is None else None
+        return measured if measured is not None else 1.0 + self.cost_ratio() * num_drafted
 
-    def threshold(self) -> float:
-        """ρ·R̃: what the next draft's expected tokens must reach."""
-        return self.cost_ratio() * self.running_rate()
+    def running_rate(self) -> float:
+        """R̃: tokens per unit of t̂ over the discounted rounds (1 / t̂(0) before any round: plain decoding)."""
+        if not self.rate_rounds:
+            return 1.0 / self.round_seconds(0)
+        return self.rate_tokens / sum(weight * self.round_seconds(k) for k, weight in self.rate_rounds.items())
+
+    def drafting_gain(self, num_drafted: int) -> float:
+        """max over m in (j, cap] of  P_j·(p̄ + … + p̄^(m−j)) − R̃·(t̂(m) − t̂(j)),  j = `num_drafted`: what the best
+        continuation of the round adds to E[tokens] − R̃·t̂ over stopping now (≥ 0: draft on)."""
+        p_next, rate = self.next_draft_acceptance(), self.running_rate()
+        seconds_now = self.round_seconds(num_drafted)
+        best, expected_tokens, survival = -math.inf, 0.0, self.survival
+        for m in range(num_drafted + 1, self.config.max_tokens + 1):
+            survival *= p_next
+            expected_tokens += survival
+            best = max(best, expected_tokens - rate * (self.round_seconds(m) - seconds_now))
+        return best
 
     @property
     def exploring(self) -> bool:
@@ -223,7 +239,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         bin_index = entropy_bin(float(entropy(probs).max()))  # the host sync of this decision
         self.round_bins.append(bin_index)
         self.survival *= self.acceptance(bin_index)
-        if self.drafts_past_stop == 0 and self.survival * self.next_draft_acceptance() >= self.threshold():
+        if self.drafts_past_stop == 0 and self.drafting_gain(num_drafted) >= 0:
             return True
         # P_j only falls within a round, so once the rule says stop it stays stopped; an exploration round goes on.
         if self.exploring and self.drafts_past_stop < EXPLORATION_DRAFTS:
@@ -250,5 +266,5 @@ class CostAwarePolicy(DraftLengthPolicy):
             self.last_length = k
         r = self.config.rate_discount
         self.rate_tokens = r * self.rate_tokens + (n + 1)
-        self.rate_rounds = r * self.rate_rounds + 1.0
-        self.rate_drafted = r * self.rate_drafted + k
+        self.rate_rounds = {length: r * weight for length, weight in self.rate_rounds.items()}
+        self.rate_rounds[k] = self.rate_rounds.get(k, 0.0) + 1.0

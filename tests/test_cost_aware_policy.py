@@ -13,6 +13,7 @@ from conftest import with_entropy
 
 from hf_semspec.draft_length import POLICIES, RoundOutcome
 from hf_semspec.draft_length import cost_aware as cost_aware_module
+from hf_semspec.draft_length._round_cost import LINE_PRIOR_ROUNDS, RoundCostFit
 from hf_semspec.draft_length.cost_aware import BIN_PRIORS, CostAwareConfig, CostAwarePolicy, entropy_bin
 from hf_semspec.errors import SemSpecConfigError
 
@@ -212,3 +213,62 @@ def test_gets_out_of_a_cost_fit_locked_by_slow_first_rounds():
     assert recovered.cost_ratio() == pytest.approx(0.2 / 0.75, rel=0.15)
     settled = lengths[300:]
     assert sum(rate(k) for k in settled) / len(settled) / rate(best) > 0.97
+
+
+def test_round_time_per_length_is_the_measured_mean_shrunk_toward_the_line():
+    costs = RoundCostFit()
+    assert costs.length_seconds(3) is None  # no line yet
+    for k, seconds in [(1, 0.7), (1, 0.8), (2, 1.1), (4, 1.1)]:
+        costs.add(k, seconds)
+    # Least squares through (1, 0.7), (1, 0.8), (2, 1.1), (4, 1.1): mean k 2, mean s 0.925, t_1 = 0.70 / 6, t_0 =
+    # 0.925 − 2·t_1.
+    t_0, t_1 = costs.coefficients()
+    assert t_1 == pytest.approx(0.70 / 6) and t_0 == pytest.approx(0.925 - 2 * 0.70 / 6)
+    # k = 1: rounds 1.5 s over 2, plus 2 pseudo-rounds of the line; k = 3 was never timed: the line.
+    assert costs.length_seconds(1) == pytest.approx((1.5 + LINE_PRIOR_ROUNDS * (t_0 + t_1)) / (2 + LINE_PRIOR_ROUNDS))
+    assert costs.length_seconds(3) == pytest.approx(t_0 + 3 * t_1)
+
+
+def test_docstring_worked_example_with_measured_times_looks_past_an_expensive_length():
+    # t̂(1) = 0.76, t̂(2) = 1.10, t̂(3) = 0.90 s (a 3-token verify forward slower than a 4-token one), R̃ = 2.5, p̄ = 0.8.
+    policy = CostAwarePolicy(CostAwareConfig(max_tokens=3))
+    policy.round_seconds = {1: 0.76, 2: 1.10, 3: 0.90}.__getitem__
+    policy.running_rate, policy.next_draft_acceptance, policy.acceptance = (lambda: 2.5), (lambda: 0.8), (lambda b: 0.9)
+    policy.max_tokens()
+    assert policy.keep_drafting(1, Q_BIN[0])  # P_1 = 0.9
+    assert policy.drafting_gain(1) == pytest.approx(0.72 + 0.576 - 2.5 * 0.14)  # m = 3; m = 2 alone gives −0.13
+    assert policy.keep_drafting(2, Q_BIN[0])  # P_2 = 0.81: m = 3 gives 0.648 + 2.5·0.20
+    assert policy.drafting_gain(2) == pytest.approx(0.648 + 2.5 * 0.20)
+    # The same numbers with a line through t̂(1) and t̂(2) (t_1 = 0.34 s): the one step to 2 drafts does not pay.
+    linear = CostAwarePolicy(CostAwareConfig(max_tokens=3))
+    linear.round_seconds = lambda k: 0.42 + 0.34 * k
+    linear.running_rate, linear.next_draft_acceptance, linear.acceptance = (lambda: 2.5), (lambda: 0.8), (lambda b: 0.9)
+    linear.max_tokens()
+    assert not linear.keep_drafting(1, Q_BIN[0])
+
+
+def test_learns_to_skip_a_length_that_costs_more_than_a_longer_one():
+    # Rounds timed as on the reference CPU: t(k) = target forward over k + 1 tokens + 0.11 s per draft, where the
+    # 3-token forward (k = 2) is the slowest. On a geometric stream (α = 0.8) the best fixed length is 3; the policy
+    # gets within 2% of its throughput, drafting 3 far more often than the expensive 2.
+    target_forward = {1: 0.50, 2: 0.645, 3: 0.879, 4: 0.574, 5: 0.657, 6: 0.647}
+
+    def seconds(k: int) -> float:
+        return target_forward.get(k + 1, 0.647 + 0.0205 * (k - 5)) + 0.11 * k
+
+    def rate(gamma: int) -> float:
+        return (1 - 0.8 ** (gamma + 1)) / (1 - 0.8) / seconds(gamma)
+
+    assert max(range(1, 25), key=rate) == 3
+    rng, policy, q = random.Random(0), CostAwarePolicy(), with_entropy(0.5)
+    lengths = []
+    for _ in range(800):
+        drafted = draft_round(policy, lambda j: q)
+        accepted = 0
+        while accepted < drafted and rng.random() < 0.8:
+            accepted += 1
+        policy.observe(outcome(drafted, accepted, seconds=seconds(drafted)))
+        lengths.append(drafted)
+    settled = collections.Counter(lengths[300:])
+    assert settled[3] > 5 * settled[2]
+    assert sum(rate(k) * n for k, n in settled.items()) / 500 / rate(3) > 0.98

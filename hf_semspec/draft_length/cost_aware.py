@@ -1,8 +1,8 @@
 """`cost_aware`: draft another token only while its expected tokens per second beat the decoding's running rate.
 
-A round drafts tokens 1, 2, … and is verified by one target forward; it emits 1 + (accepted drafts) tokens in
-t_0 + t_1·k seconds (k drafted). After drafting token j, whose draft distribution has entropy H_j, the policy asks
-whether token j + 1 is worth its t_1 seconds:
+A round drafts tokens 1, 2, … and is verified by one target forward; it emits 1 + (accepted drafts) tokens in t̂(k)
+seconds (k drafted). After drafting token j, whose draft distribution has entropy H_j, the policy asks whether some
+longer round is worth its extra time:
 
     acceptance     p̂(H) = (a_b + m·π_b) / (n_b + m)              b: the entropy bin of H; a_b / n_b: accepted / tested
                                                                   drafts of that bin so far (discounted by δ_c per
@@ -11,17 +11,27 @@ whether token j + 1 is worth its t_1 seconds:
     survival       P_j = Π_{i ≤ j} p̂(H_i)                         the chance that drafts 1..j are all accepted
     next draft     p̄ = (a + m/2) / (n + m)                       the acceptance of any tested draft (H_{j+1} is not
                                                                   known before paying for it)
-    running rate   R̃ = Σ_t δ_r^(T−t)·(n_t + 1) / Σ_t δ_r^(T−t)·(1 + ρ·k_t)     tokens per t_0, over the rounds
-    cost ratio     ρ = t_1 / t_0                                  least squares of the rounds' seconds on k
+    round time     t̂(k) = (S_k + 2·(t_0 + t_1·k)) / (N_k + 2)    S_k / N_k: seconds / rounds timed at length k;
+                                                                  t_0 + t_1·k: least squares of the rounds' seconds on k
+    running rate   R̃ = Σ_t δ_r^(T−t)·(n_t + 1) / Σ_t δ_r^(T−t)·t̂(k_t)     tokens per second, over the rounds
 
-    keep drafting while   P_j · p̄ ≥ ρ · R̃
+    keep drafting while   max_{j < m ≤ cap}  P_j·(p̄ + p̄² + … + p̄^(m−j)) − R̃·(t̂(m) − t̂(j))  ≥  0
 
-Why this rule. Drafting token j + 1 adds P_j·p̄ expected tokens to the round and t_1 seconds. The throughput
-R* = E[tokens] / E[seconds] of a stopping policy, repeated round after round, is largest when each round maximizes
-E[tokens] − R*·E[seconds] (renewal reward; Dinkelbach's method for a ratio), so a draft pays while P_j·p̄ ≥ R*·t_1 =
-ρ·(R*·t_0). P_j only falls as j grows, so this one-step look-ahead is the optimal stopping rule of that problem, and it
-is a threshold on the probability that some draft is rejected, the form SpecDec++ proves optimal (below). R̃ is R*
-measured on the decoding so far, priced by the fitted line rather than the rounds' own noisy seconds.
+Why this rule. Drafting tokens j + 1..m adds P_j·(p̄ + … + p̄^(m−j)) expected tokens to the round and t̂(m) − t̂(j)
+seconds. The throughput R* = E[tokens] / E[seconds] of a stopping policy, repeated round after round, is largest when
+each round maximizes E[tokens] − R*·E[seconds] (renewal reward; Dinkelbach's method for a ratio), so the round goes on
+while some continuation adds more tokens than R* times its time. With a linear time, t̂(k) = t_0 + t_1·k, the
+expected tokens of the next draft only fall, so the first step decides: draft on while P_j·p̄ ≥ ρ·(R*·t_0), ρ = t_1/t_0,
+a threshold on the probability that some draft is rejected, the form SpecDec++ proves optimal (below). R̃ is R*
+measured on the decoding so far, priced by t̂ rather than the rounds' own noisy seconds.
+
+Why a time per length, not a line (ours). A verify forward's time is not linear in its tokens: on the reference CPU
+the 1.5B target's forward over 3 tokens took 0.88 s and over 4 tokens 0.57 s (MKL picks its kernels by shape), so a
+round of 2 drafts costs more than a round of 3. Live with `fly` (`draft-length-entropy-policies`), rounds of 1 and 2
+drafts fitted ρ = 0.5–1.1 against 0.27 over all lengths, and the one-step rule (this policy until then) drafted one
+token per round through the first three prompts: 0.74 of the best fixed length on the reasoning prompt. Hence t̂(k),
+the mean time measured at k, shrunk toward the line by 2 pseudo-rounds (the line alone at a length never timed), and
+the look-ahead over every longer round, which then sees that 3 drafts cost less than 2.
 
 Paper: K. Huang, X. Guo, M. Wang, "SpecDec++: Boosting Speculative Decoding via Adaptive Candidate Lengths"
 (COLM 2025, arXiv:2405.19715), https://arxiv.org/abs/2405.19715: the candidate-length choice as a Markov decision
@@ -30,12 +40,12 @@ process whose optimal policy stops "when the probability of getting a rejection 
 Sources and what is ours. SpecDec++ predicts acceptance with a trained head and sweeps its threshold; here both are
 training-free and learned while decoding, which is ours: acceptance is read off the draft's entropy (the premise of
 SVIP and AdaEDL) through a calibration table learned from the verified rounds — drafts 1..n of a round with n
-accepted were accepted, draft n + 1 was rejected, later ones were not tested — and the threshold is the cost ratio
-and the running rate above. The bins, the SVIP prior, m, the discounts and the prior 1/2 of p̄ are ours. δ_c = 0.995
+accepted were accepted, draft n + 1 was rejected, later ones were not tested — and the threshold comes from the
+measured round times and the running rate above. The bins, the SVIP prior, m, the discounts and the prior 1/2 of p̄ are ours. δ_c = 0.995
 (a memory of about 200 tested drafts) lets the calibration follow the text: the same entropy is accepted less often
 in code than in prose on the reference pair. δ_r = 0.8 (about 5 rounds) lets the rate follow it. Until two draft
-lengths have been timed, ρ = 0.1; `cost_ratio=` fixes ρ instead (e.g. from a profile) and skips the fit. Before any
-round R̃ = 1 (plain decoding's one token per target forward).
+lengths have been timed, t̂(k) = 1 + 0.1·k (in units of t_0); `cost_ratio=` fixes t̂(k) = 1 + ρ·k instead (e.g. from a
+profile) and skips the timing. Before any round R̃ = 1 / t̂(0) (plain decoding's one token per target forward).
 
 Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
 round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds
@@ -60,12 +70,17 @@ Measured (`benchmarks/results/replay-exact-3x128-*`, the reference pair's `exact
 reference CPU's fitted round time): 1.11× the best fixed γ's speed on the 30 prompts it was designed on and 1.13×
 on 29 held-out ones, within 3% of it in 10 and 9 of 10 categories (`svip`: 1.07× and 1.08×).
 
-Worked example (ρ = 0.2, R̃ = 2, so the threshold is 0.4; p̄ = 0.8):
+Worked example, linear time (`cost_ratio=0.2`: t̂(k) = 1 + 0.2·k in units of t_0; R̃ = 2, so the first step's
+threshold is 0.4; p̄ = 0.8):
     draft 1, p̂ = 0.99: P = 0.99,   P·p̄ = 0.792 ≥ 0.4 → keep drafting;
     draft 2, p̂ = 0.95: P = 0.9405, P·p̄ = 0.7524 → keep drafting;
     draft 3, p̂ = 0.6:  P = 0.5643, P·p̄ = 0.4514 → keep drafting;
     draft 4, p̂ = 0.8:  P = 0.4514, P·p̄ = 0.3612 < 0.4 → stop: the round proposes 4 drafts.
 With a cheaper draft (ρ = 0.1, threshold 0.2) the same round drafts on.
+
+Worked example, measured times t̂(1) = 0.76, t̂(2) = 1.10, t̂(3) = 0.90 s, cap 3, R̃ = 2.5 tokens/s, p̄ = 0.8:
+    draft 1, p̂ = 0.9: m = 2 gives 0.72 − 2.5·0.34 = −0.13, m = 3 gives 0.72 + 0.576 − 2.5·0.14 = 0.946 → keep drafting
+    (the one-step rule would stop here); draft 2, p̂ = 0.9: m = 3 gives 0.648 − 2.5·(−0.20) = 1.148 → keep drafting.
 """
 
 from __future__ import annotations
@@ -154,7 +169,8 @@ class CostAwareConfig(DraftLengthConfig):
 
 @register_policy
 class CostAwarePolicy(DraftLengthPolicy):
-    """Keeps drafting while P_j·p̄ ≥ ρ·R̃; see the module docstring."""
+    """Keeps drafting while some longer round adds more expected tokens than R̃ times its extra time; see the module
+    docstring."""
 
     name = "cost_aware"
     config_class = CostAwareConfig

@@ -9,6 +9,10 @@ What is checked (a `ValueError` naming what differs, otherwise):
 - at least one *anchor*: an hf_semspec method that both runs measured. Every anchor must have made the same F, D and
   new tokens on every prompt in both runs — the determinism the merge relies on.
 
+`--changed METHOD ...` names methods that both runs measured but whose code changed in between (a policy improved
+since the base run): they are not anchors, and the added run's records join the report as `METHOD@<added commit>`,
+next to the base run's.
+
 What is written: the base run (its methods, records, machine and settings) plus the added run's records of the
 methods the base lacks, under `merged` the two files, the anchors and the machine drift (geometric mean over the
 prompts of plain's tokens/s in the added run over the base run's). Each record keeps the speed-up vs plain of its own
@@ -47,10 +51,28 @@ def _require_same_setting(base: dict, added: dict) -> None:
                          "compared across runs. Fix: merge greedy runs only.")
 
 
-def merge_runs(base: dict, added: dict, base_path: str, added_path: str) -> dict:
+def _rename_changed(added: dict, changed: list[str], base_names: list[str]) -> dict:
+    """`added` with each method of `changed` renamed `<name>@<added commit>` (methods and records)."""
+    added_names = [m["name"] for m in added["methods"]]
+    unknown = [name for name in changed if name not in base_names or name not in added_names]
+    if unknown:
+        raise ValueError(f"--changed: {unknown} were not measured in both runs (base: {base_names}; added: "
+                         f"{added_names}). Fix: name methods of both runs, as their reports spell them.")
+    suffix = "@" + added["machine"]["git"]["commit"][:7]
+    renamed = {name: name + suffix for name in changed}
+    return {
+        **added,
+        "methods": [{**m, "name": renamed.get(m["name"], m["name"])} for m in added["methods"]],
+        "records": [{**r, "method": renamed.get(r["method"], r["method"])} for r in added["records"]],
+    }
+
+
+def merge_runs(base: dict, added: dict, base_path: str, added_path: str, changed: list[str] = ()) -> dict:
     """The merged results dict (see the module docstring); raises `ValueError` when the runs cannot be merged."""
     _require_same_setting(base, added)
     base_names = [m["name"] for m in base["methods"]]
+    if changed:
+        added = _rename_changed(added, list(changed), base_names)
     anchors = [m["name"] for m in added["methods"] if m["name"] in base_names and m["kind"] == "semspec"]
     if not anchors:
         raise ValueError(f"no hf_semspec method was measured in both runs (base: {base_names}). Fix: add one of the "
@@ -91,9 +113,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("added", type=Path, help="results JSON of a run with new methods and at least one anchor")
     parser.add_argument("--name", required=True, help="stem of the merged .json/.md/.png")
     parser.add_argument("--output-dir", type=Path, default=None, help="default: the base run's folder")
+    parser.add_argument("--changed", nargs="+", default=[], help="methods of both runs whose code changed in "
+                        "between: not anchors; the added run's join as METHOD@<added commit>")
     args = parser.parse_args(argv)
     base, added = (json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.added))
-    results = merge_runs(base, added, args.base.name, args.added.name)
+    results = merge_runs(base, added, args.base.name, args.added.name, args.changed)
     folder = args.output_dir or args.base.parent
     folder.mkdir(parents=True, exist_ok=True)
     report.write_json(folder / f"{args.name}.json", results)

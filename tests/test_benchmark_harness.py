@@ -626,6 +626,22 @@ def test_merge_adds_the_new_methods_and_prices_them_at_the_base_costs():
     assert "| overall | `constant:8` 4.10 tok/s | " in text and "4.27 tok/s (1.04)" in text  # 64/15.6 and 64/15
 
 
+def test_merge_keeps_a_changed_method_of_both_runs_under_the_added_commit():
+    base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (20, 70)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (18, 66)}, plain_speed=2.0,
+                 commit="def4567890")
+    with pytest.raises(ValueError, match=r"anchors did not repeat exactly.*tapout on p0"):
+        merge.merge_runs(base, added, "base.json", "added.json")  # unnamed, the changed policy is taken for an anchor
+    merged = merge.merge_runs(base, added, "base.json", "added.json", changed=["semspec:exact/tapout"])
+    assert merged["merged"]["anchors"] == ["semspec:exact/constant:3"]
+    assert merged["merged"]["added_methods"] == ["semspec:exact/tapout@def4567"]
+    new = [r for r in merged["records"] if r["method"] == "semspec:exact/tapout@def4567"]
+    assert [(r["target_forwards"], r["draft_forwards"]) for r in new] == [(18, 66)] * 2
+    assert sum(r["method"] == "semspec:exact/tapout" for r in merged["records"]) == 2  # the base run's stay
+    with pytest.raises(ValueError, match=r"--changed: \['semspec:exact/svip'\] were not measured in both runs"):
+        merge.merge_runs(base, added, "base.json", "added.json", changed=["semspec:exact/svip"])
+
+
 @pytest.mark.parametrize(
     "change, message",
     [

@@ -68,7 +68,10 @@ deferred window makes a draft's acceptance depend on later drafts, which the rul
 
 Measured (`benchmarks/results/replay-exact-3x128-*`, the reference pair's `exact` traces replayed with the
 reference CPU's fitted round time): 1.11× the best fixed γ's speed on the 30 prompts it was designed on and 1.13×
-on 29 held-out ones, within 3% of it in 10 and 9 of 10 categories (`svip`: 1.07× and 1.08×).
+on 29 held-out ones, within 3% of it in 10 and 9 of 10 categories (`svip`: 1.07× and 1.08×); the replay's times
+are linear in k, where both rules decide alike. Live (`benchmarks/results/draft-length-final-cost-table.md`, quick
+profile, 10 prompts × 64 tokens), measured speed-up over the best fixed length's (γ = 3) in the same run: 1.04 with
+`exact` and 1.00 with `fly`, against 0.92 and 0.96 for the one-step rule with the fitted line.
 
 Worked example, linear time (`cost_ratio=0.2`: t̂(k) = 1 + 0.2·k in units of t_0; R̃ = 2, so the first step's
 threshold is 0.4; p̄ = 0.8):

@@ -230,7 +230,8 @@ def test_round_time_per_length_is_the_measured_mean_shrunk_toward_the_line():
 
 
 def test_docstring_worked_example_with_measured_times_looks_past_an_expensive_length():
-    # t̂(1) = 0.76, t̂(2) = 1.10, t̂(3) = 0.90 s (a 3-token verify forward slower than a 4-token one), R̃ = 2.5, p̄ = 0.8.
+    # t̂(1) = 0.76, t̂(2) = 1.10, t̂(3) = 0.90 s (a 3-token verify forward is slower than a 4-token one);
+    # R̃ = 2.5, p̄ = 0.8.
     policy = CostAwarePolicy(CostAwareConfig(max_tokens=3))
     policy.round_seconds = {1: 0.76, 2: 1.10, 3: 0.90}.__getitem__
     policy.running_rate, policy.next_draft_acceptance, policy.acceptance = (lambda: 2.5), (lambda: 0.8), (lambda b: 0.9)

@@ -27,9 +27,10 @@ measured on the decoding so far, priced by t̂ rather than the rounds' own noisy
 
 Why a time per length, not a line (ours). A verify forward's time is not linear in its tokens: on the reference CPU
 the 1.5B target's forward over 3 tokens took 0.88 s and over 4 tokens 0.57 s (MKL picks its kernels by shape), so a
-round of 2 drafts costs more than a round of 3. Live with `fly` (`draft-length-entropy-policies`), rounds of 1 and 2
-drafts fitted ρ = 0.5–1.1 against 0.27 over all lengths, and the one-step rule (this policy until then) drafted one
-token per round through the first three prompts: 0.74 of the best fixed length on the reasoning prompt. Hence t̂(k),
+round of 2 drafts costs more than a round of 3. Live with `fly` on the quick profile's first three prompts
+(instrumented), rounds of 1 and 2 drafts fitted ρ = 0.3–1.1 against 0.27 over all lengths, and the one-step rule
+(this policy until then) drafted mostly one token per round: 0.74 of the best fixed length on the reasoning prompt
+(`draft-length-entropy-policies`). Hence t̂(k),
 the mean time measured at k, shrunk toward the line by 2 pseudo-rounds (the line alone at a length never timed), and
 the look-ahead over every longer round, which then sees that 3 drafts cost less than 2.
 
@@ -41,7 +42,8 @@ Sources and what is ours. SpecDec++ predicts acceptance with a trained head and 
 training-free and learned while decoding, which is ours: acceptance is read off the draft's entropy (the premise of
 SVIP and AdaEDL) through a calibration table learned from the verified rounds — drafts 1..n of a round with n
 accepted were accepted, draft n + 1 was rejected, later ones were not tested — and the threshold comes from the
-measured round times and the running rate above. The bins, the SVIP prior, m, the discounts and the prior 1/2 of p̄ are ours. δ_c = 0.995
+measured round times and the running rate above. The bins, the SVIP prior, m, the discounts and the prior 1/2 of p̄
+are ours. δ_c = 0.995
 (a memory of about 200 tested drafts) lets the calibration follow the text: the same entropy is accepted less often
 in code than in prose on the reference pair. δ_r = 0.8 (about 5 rounds) lets the rate follow it. Until two draft
 lengths have been timed, t̂(k) = 1 + 0.1·k (in units of t_0); `cost_ratio=` fixes t̂(k) = 1 + ρ·k instead (e.g. from a

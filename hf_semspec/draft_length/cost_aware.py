@@ -30,9 +30,9 @@ the 1.5B target's forward over 3 tokens took 0.88 s and over 4 tokens 0.57 s (MK
 round of 2 drafts costs more than a round of 3. Live with `fly` on the quick profile's first three prompts
 (instrumented), rounds of 1 and 2 drafts fitted ρ = 0.3–1.1 against 0.27 over all lengths, and the one-step rule
 (this policy until then) drafted mostly one token per round: 0.74 of the best fixed length on the reasoning prompt
-(`draft-length-entropy-policies`). Hence t̂(k),
-the mean time measured at k, shrunk toward the line by 2 pseudo-rounds (the line alone at a length never timed), and
-the look-ahead over every longer round, which then sees that 3 drafts cost less than 2.
+(`draft-length-entropy-policies`). Hence t̂(k), the mean time measured at k, shrunk toward the line by 2 pseudo-rounds
+(the line alone at a length never timed), and the look-ahead over every longer round, which then sees that 3 drafts
+cost less than 2.
 
 Paper: K. Huang, X. Guo, M. Wang, "SpecDec++: Boosting Speculative Decoding via Adaptive Candidate Lengths"
 (COLM 2025, arXiv:2405.19715), https://arxiv.org/abs/2405.19715: the candidate-length choice as a Markov decision
@@ -194,6 +194,9 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.rate_rounds: dict[int, float] = {}  # k → discounted count of the rounds that drafted k
         self.round_bins: list[int] = []  # bins of this round's drafts that keep_drafting saw, in order
         self.survival = 1.0  # P_j of this round
+        # What this round's decisions read, fixed until observe(): t̂(k) for k = 1..cap, R̃ and p̄ (set in max_tokens).
+        self.round_prices: dict[int, float] = {}
+        self.round_rate = self.round_next_acceptance = 0.0
         self.last_length, self.same_length_rounds = 0, 0  # the latest round's k, and how many rounds in a row drafted it
         self.drafts_past_stop = 0
 
@@ -231,14 +234,14 @@ class CostAwarePolicy(DraftLengthPolicy):
 
     def drafting_gain(self, num_drafted: int) -> float:
         """max over m in (j, cap] of  P_j·(p̄ + … + p̄^(m−j)) − R̃·(t̂(m) − t̂(j)),  j = `num_drafted`: what the best
-        continuation of the round adds to E[tokens] − R̃·t̂ over stopping now (≥ 0: draft on)."""
-        p_next, rate = self.next_draft_acceptance(), self.running_rate()
-        seconds_now = self.round_seconds(num_drafted)
+        continuation of the round adds to E[tokens] − R̃·t̂ over stopping now (≥ 0: draft on). Reads t̂, R̃ and p̄
+        as `max_tokens()` fixed them for the round."""
+        prices, seconds_now = self.round_prices, self.round_prices[num_drafted]
         best, expected_tokens, survival = -math.inf, 0.0, self.survival
         for m in range(num_drafted + 1, self.config.max_tokens + 1):
-            survival *= p_next
+            survival *= self.round_next_acceptance
             expected_tokens += survival
-            best = max(best, expected_tokens - rate * (self.round_seconds(m) - seconds_now))
+            best = max(best, expected_tokens - self.round_rate * (prices[m] - seconds_now))
         return best
 
     @property
@@ -252,6 +255,9 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_bins = []
         self.survival = 1.0
         self.drafts_past_stop = 0
+        # Only observe() changes the times, the rate and p̄: read them once per round, not once per drafted token.
+        self.round_prices = {k: self.round_seconds(k) for k in range(1, self.config.max_tokens + 1)}
+        self.round_rate, self.round_next_acceptance = self.running_rate(), self.next_draft_acceptance()
         return self.config.max_tokens
 
     def keep_drafting(self, num_drafted: int, probs: torch.Tensor | None) -> bool:
@@ -262,7 +268,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.survival *= self.acceptance(bin_index)
         if self.drafts_past_stop == 0 and self.drafting_gain(num_drafted) >= 0:
             return True
-        # P_j only falls within a round, so once the rule says stop it stays stopped; an exploration round goes on.
+        # The rule weighed stopping now against every longer round, so its stop is final; an exploration round goes on.
         if self.exploring and self.drafts_past_stop < EXPLORATION_DRAFTS:
             self.drafts_past_stop += 1
             return True

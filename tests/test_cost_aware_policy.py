@@ -7,6 +7,7 @@ from __future__ import annotations
 import collections
 import math
 import random
+from collections.abc import Callable
 
 import pytest
 from conftest import with_entropy
@@ -89,10 +90,16 @@ def test_cost_ratio_and_running_rate_worked_numbers():
     assert policy.running_rate() == pytest.approx(11.88 / (2.44 + 0.2 * 9.44))
 
 
-def best_fixed_length(alpha: float, rho: float, cap: int = 24) -> tuple[int, callable]:  # cap: the policy's
-    """argmax_γ E_γ / (1 + ρ·γ), E_γ = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3), and that rate."""
+def linear_time(rho: float, base_seconds: float = 1.0) -> Callable[[int], float]:
+    """The time of a round drafting k: base_seconds·(1 + ρ·k)."""
+    return lambda k: base_seconds * (1.0 + rho * k)
+
+
+def best_fixed_length(alpha: float, seconds: Callable[[int], float], cap: int = 24) -> tuple[int, Callable]:
+    """argmax_γ E_γ / seconds(γ), E_γ = (1 − α^(γ+1)) / (1 − α) (Leviathan et al. 2023, §3), and that rate; cap: the
+    policy's."""
     def rate(gamma: int) -> float:
-        return (1 - alpha ** (gamma + 1)) / (1 - alpha) / (1 + rho * gamma)
+        return (1 - alpha ** (gamma + 1)) / (1 - alpha) / seconds(gamma)
     return max(range(1, cap + 1), key=rate), rate
 
 
@@ -106,10 +113,10 @@ def draft_round(policy: CostAwarePolicy, q_of_draft, limit: int | None = None) -
     return drafted
 
 
-def simulate_geometric(alpha: float, rho: float, rounds: int, seed: int, policy: CostAwarePolicy | None = None,
-                       base_seconds: float = 1.0) -> tuple[CostAwarePolicy, list[int]]:
-    """Rounds where every draft has the same entropy and is accepted with probability α, timed
-    base_seconds·(1 + ρ·k) seconds; `policy` defaults to a fresh `CostAwarePolicy()`."""
+def simulate_geometric(alpha: float, seconds: Callable[[int], float], rounds: int, seed: int,
+                       policy: CostAwarePolicy | None = None) -> tuple[CostAwarePolicy, list[int]]:
+    """Rounds where every draft has the same entropy and is accepted with probability α, a round drafting k timed
+    seconds(k); `policy` defaults to a fresh `CostAwarePolicy()`."""
     rng = random.Random(seed)
     policy, q = policy or CostAwarePolicy(), with_entropy(0.5)
     lengths = []
@@ -118,7 +125,7 @@ def simulate_geometric(alpha: float, rho: float, rounds: int, seed: int, policy:
         accepted = 0
         while accepted < drafted and rng.random() < alpha:
             accepted += 1
-        policy.observe(outcome(drafted, accepted, seconds=base_seconds * (1.0 + rho * drafted)))
+        policy.observe(outcome(drafted, accepted, seconds=seconds(drafted)))
         lengths.append(drafted)
     return policy, lengths
 
@@ -126,10 +133,10 @@ def simulate_geometric(alpha: float, rho: float, rounds: int, seed: int, policy:
 @pytest.mark.parametrize("alpha, rho, best", [(0.8, 0.2, 4), (0.8, 0.1, 6), (0.6, 0.2, 2), (0.9, 0.05, 13)])
 def test_drafts_the_best_fixed_length_on_a_geometric_stream(alpha, rho, best):
     # With one entropy everywhere P_j = α^j, so the rule is a fixed length, and its fixed point is the best one.
-    assert best_fixed_length(alpha, rho)[0] == best
-    rate = best_fixed_length(alpha, rho)[1]
+    assert best_fixed_length(alpha, linear_time(rho))[0] == best
+    rate = best_fixed_length(alpha, linear_time(rho))[1]
     for seed in range(2):
-        policy, lengths = simulate_geometric(alpha, rho, rounds=1500, seed=seed)
+        policy, lengths = simulate_geometric(alpha, linear_time(rho), rounds=1500, seed=seed)
         settled = lengths[500:]
         assert policy.cost_ratio() == pytest.approx(rho)  # fitted from the rounds' times
         # R̃'s noise moves the length around γ* (by ±2 where the optimum is flat: at α = 0.9, ρ = 0.05, γ = 15 has
@@ -157,8 +164,8 @@ def test_learns_which_entropies_are_accepted_and_stops_after_an_unsure_draft():
 
 
 def test_a_cheaper_draft_drafts_longer_on_the_same_stream():
-    short = simulate_geometric(0.85, 0.3, rounds=400, seed=0)[1][200:]
-    long = simulate_geometric(0.85, 0.05, rounds=400, seed=0)[1][200:]
+    short = simulate_geometric(0.85, linear_time(0.3), rounds=400, seed=0)[1][200:]
+    long = simulate_geometric(0.85, linear_time(0.05), rounds=400, seed=0)[1][200:]
     assert sum(long) / len(long) > 2 * sum(short) / len(short)
 
 
@@ -204,11 +211,11 @@ def test_gets_out_of_a_cost_fit_locked_by_slow_first_rounds():
         policy.observe(outcome(2, 2, seconds=1.40))
         policy.observe(outcome(1, 1, seconds=1.00))
         # Then the machine's true costs: 0.75 + 0.2·k seconds, ρ = 0.2 / 0.75; drafts accepted with α = 0.85.
-        return simulate_geometric(0.85, 0.2 / 0.75, rounds=600, seed=0, policy=policy, base_seconds=0.75)
+        return simulate_geometric(0.85, linear_time(0.2 / 0.75, 0.75), rounds=600, seed=0, policy=policy)
 
     locked, locked_lengths = run(explore_after=0)
     assert locked.cost_ratio() > 0.5 and set(locked_lengths[-100:]) == {1}
-    best, rate = best_fixed_length(0.85, 0.2 / 0.75)
+    best, rate = best_fixed_length(0.85, linear_time(0.2 / 0.75))
     recovered, lengths = run(explore_after=10)
     assert recovered.cost_ratio() == pytest.approx(0.2 / 0.75, rel=0.15)
     settled = lengths[300:]
@@ -257,19 +264,9 @@ def test_learns_to_skip_a_length_that_costs_more_than_a_longer_one():
     def seconds(k: int) -> float:
         return target_forward.get(k + 1, 0.647 + 0.0205 * (k - 5)) + 0.11 * k
 
-    def rate(gamma: int) -> float:
-        return (1 - 0.8 ** (gamma + 1)) / (1 - 0.8) / seconds(gamma)
-
-    assert max(range(1, 25), key=rate) == 3
-    rng, policy, q = random.Random(0), CostAwarePolicy(), with_entropy(0.5)
-    lengths = []
-    for _ in range(800):
-        drafted = draft_round(policy, lambda j: q)
-        accepted = 0
-        while accepted < drafted and rng.random() < 0.8:
-            accepted += 1
-        policy.observe(outcome(drafted, accepted, seconds=seconds(drafted)))
-        lengths.append(drafted)
+    best, rate = best_fixed_length(0.8, seconds)
+    assert best == 3
+    lengths = simulate_geometric(0.8, seconds, rounds=800, seed=0)[1]
     settled = collections.Counter(lengths[300:])
     assert settled[3] > 5 * settled[2]
     assert sum(rate(k) * n for k, n in settled.items()) / 500 / rate(3) > 0.98

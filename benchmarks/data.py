@@ -132,7 +132,8 @@ def drop_long(prompts: list[Prompt], max_chars: int | None) -> tuple[list[Prompt
     return kept, [c for c in categories_in_order(prompts) if c not in remaining]
 
 
-def select_balanced(prompts: list[Prompt], per_category: int | None, strategy: str) -> list[Prompt]:
+def select_balanced(prompts: list[Prompt], per_category: int | None, strategy: str,
+                    skip_per_category: int = 0) -> list[Prompt]:
     """`per_category` prompts from every category (all of them if `None`), interleaved round-robin.
 
     Strategies (all deterministic):
@@ -142,7 +143,18 @@ def select_balanced(prompts: list[Prompt], per_category: int | None, strategy: s
         `first`: the first ones in file order.
 
     The round-robin order (one prompt of each category, then the next, ...) means `--limit` keeps the balance.
+
+    `skip_per_category` > 0 selects held-out prompts: those of a selection of `per_category + skip_per_category` that
+    a selection of `skip_per_category` does not take (for `shortest` and `first`: the next `per_category` of each
+    category after the ones an earlier run with `per_category=skip_per_category` measured).
     """
+    if skip_per_category:
+        if per_category is None or skip_per_category < 0:
+            raise ValueError(f"skip_per_category: got {skip_per_category} with per_category={per_category}; expected "
+                             ">= 0 and a number of prompts per category. Fix: pass --prompts-per-category N, or skip 0.")
+        skipped = {p.prompt_id for p in select_balanced(prompts, skip_per_category, strategy)}
+        return [p for p in select_balanced(prompts, per_category + skip_per_category, strategy)
+                if p.prompt_id not in skipped]
     by_category: dict[str, list[Prompt]] = {c: [] for c in categories_in_order(prompts)}
     for p in prompts:
         by_category[p.category].append(p)

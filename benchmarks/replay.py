@@ -167,9 +167,7 @@ def held_out_selection(pool: list[data.Prompt], per_category: int, skip_per_cate
                        max_prompt_chars: int, max_new_tokens: int) -> tuple[list[data.Prompt], str]:
     """The prompts of `data.select_balanced(pool, per_category + skip_per_category, strategy)` less those of a selection
     of `skip_per_category` (for `shortest` and `first`: the next `per_category` of each category), and its description."""
-    prompts = data.select_balanced(pool, per_category + skip_per_category, strategy)
-    skipped = {p.prompt_id for p in data.select_balanced(pool, skip_per_category, strategy)} if skip_per_category else set()
-    prompts = [p for p in prompts if p.prompt_id not in skipped]
+    prompts = data.select_balanced(pool, per_category, strategy, skip_per_category)
     after = f" after the {skip_per_category} it takes first" if skip_per_category else ""
     return prompts, (f"{len(prompts)} Spec-Bench prompts ({per_category} per category{after}, `{strategy}` selection, "
                      f"<= {max_prompt_chars} characters), max_new_tokens={max_new_tokens}")

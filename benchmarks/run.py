@@ -59,6 +59,7 @@ class Profile:
     gsm8k_selection: str
     gsm8k_max_new_tokens: int
     profile_breakdown: bool
+    skip_per_category: int = 0  # held-out prompts: leave out those a run with this many per category measured
 
 
 PROFILES = {
@@ -128,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of prompts instead of Spec-Bench: Spec-Bench records or {\"prompt\": ...}")
     p.add_argument("--prompts-per-category", type=int, default=None, help="override the profile's count")
+    p.add_argument("--skip-per-category", type=int, default=None,
+                   help="held-out prompts: leave out, per category, the ones a run with this many per category took")
     p.add_argument("--selection", choices=("shortest", "spread", "first"), default=None,
                    help="which prompts of a category (default: the profile's)")
     p.add_argument("--max-prompt-chars", type=int, default=None,
@@ -156,6 +159,7 @@ def resolve_profile(args: argparse.Namespace) -> Profile:
     profile = PROFILES[args.profile]
     overrides = {
         "per_category": args.prompts_per_category,
+        "skip_per_category": args.skip_per_category,
         "selection": args.selection,
         "max_new_tokens": args.max_new_tokens,
         "gsm8k": args.gsm8k,
@@ -179,13 +183,15 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     source = args.prompts if args.prompts is not None else args.data_dir / data.SPECBENCH_FILE
     pool = data.load_question_prompts(source, profile.max_new_tokens)
     pool, dropped = data.drop_long(pool, profile.max_prompt_chars)
-    chosen = data.select_balanced(pool, profile.per_category, profile.selection)
+    chosen = data.select_balanced(pool, profile.per_category, profile.selection, profile.skip_per_category)
     if args.limit is not None:
         chosen = chosen[: args.limit]
     gsm8k = data.load_gsm8k(args.data_dir / data.GSM8K_FILE, profile.gsm8k, profile.gsm8k_max_new_tokens,
                             profile.gsm8k_selection)
     categories = data.categories_in_order(chosen)
     per = "all" if profile.per_category is None else profile.per_category
+    if profile.skip_per_category:
+        per = f"{per} held-out, after the {profile.skip_per_category} a selection of that many takes,"
     cap = f", prompts <= {profile.max_prompt_chars} characters" if profile.max_prompt_chars else ""
     summary = (
         f"{len(chosen)} from {source.name} ({per} per category, `{profile.selection}` selection{cap}; "

@@ -201,6 +201,18 @@ def test_selection_is_balanced_deterministic_and_round_robin():
         data.select_balanced(_pool(), 1, "random")
 
 
+def test_held_out_selection_takes_the_next_prompts_of_each_category():
+    # Shortest 2 per category after the 1 a quick-style run took: writing's 2nd and 3rd shortest (20, 30), qa's only
+    # other prompt (a category with fewer prompts gives what it has), rag's 2nd and 3rd (200, 300).
+    held_out = data.select_balanced(_pool(), 2, "shortest", skip_per_category=1)
+    assert [p.prompt_id for p in held_out] == ["writing:0", "rag:0", "qa:1", "writing:2", "rag:2"]
+    assert not {p.prompt_id for p in held_out} & {p.prompt_id for p in data.select_balanced(_pool(), 1, "shortest")}
+    args = run.build_parser().parse_args(["--prompts-per-category", "2", "--skip-per-category", "1"])
+    assert run.resolve_profile(args).skip_per_category == 1
+    with pytest.raises(ValueError, match="skip_per_category: got 1 with per_category=None"):
+        data.select_balanced(_pool(), None, "first", skip_per_category=1)
+
+
 @pytest.mark.skipif(not (data.DEFAULT_DATA_DIR / data.SPECBENCH_FILE).exists(), reason="no ../shared/data here")
 def test_quick_profile_selection_on_spec_bench():
     args = run.build_parser().parse_args(["--profile", "quick"])

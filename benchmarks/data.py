@@ -150,8 +150,9 @@ def select_balanced(prompts: list[Prompt], per_category: int | None, strategy: s
     """
     if skip_per_category:
         if per_category is None or skip_per_category < 0:
-            raise ValueError(f"skip_per_category: got {skip_per_category} with per_category={per_category}; expected "
-                             ">= 0 and a number of prompts per category. Fix: pass --prompts-per-category N, or skip 0.")
+            raise ValueError(f"skip_per_category: got {skip_per_category} with per_category={per_category}; "
+                             "expected >= 0 and a number of prompts per category. Fix: pass --prompts-per-category N, "
+                             "or skip 0.")
         skipped = {p.prompt_id for p in select_balanced(prompts, skip_per_category, strategy)}
         return [p for p in select_balanced(prompts, per_category + skip_per_category, strategy)
                 if p.prompt_id not in skipped]

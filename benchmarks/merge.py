@@ -1,4 +1,4 @@
-"""`python -m benchmarks.merge BASE.json ADDED.json --name NAME`: one report for methods measured in two runs.
+"""`python -m benchmarks.merge BASE.json ADDED.json --name NAME [--pool]`: one report for methods measured in two runs.
 
 Why: to judge a new draft-length policy against the fixed-length sweep of an earlier run without running the sweep
 again (17 methods × 10 prompts took 72 min on the reference CPU). Under greedy decoding a method's target forwards F,
@@ -12,6 +12,14 @@ What is checked (a `ValueError` naming what differs, otherwise):
 `--changed METHOD ...` names methods that both runs measured but whose code changed in between (a policy improved
 since the base run): they are not anchors, and the added run's records join the report as `METHOD@<added commit>`,
 next to the base run's.
+
+`--pool` joins runs of the same methods on *different* prompts into one report over all their prompts (e.g. a sweep
+on held-out prompts added to the quick profile's, to judge a policy on more prompts per category than one run could
+afford). Every method of the added run must have run in the base run with the same options; `--base-method
+NEW=OLD` names the base run's method for one whose name differs there (e.g. `semspec:fly/tapout` for the
+`semspec:fly/tapout@2cc35ec` of an earlier merge). The pooled report has the added run's methods; its modeled tables
+price both runs' generations at the base run's costs, and the added run's own fit is recorded to show how far the
+machine moved.
 
 What is written: the base run (its methods, records, machine and settings) plus the added run's records of the
 methods the base lacks, under `merged` the two files, the anchors and the machine drift (geometric mean over the
@@ -35,17 +43,23 @@ def _counts(results: dict, method: str) -> dict[str, tuple[int, int, int]]:
             for r in results["records"] if r["method"] == method}
 
 
-def _require_same_setting(base: dict, added: dict) -> None:
+def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) -> None:
     checks = {
         "target model": (base["models"]["target"], added["models"]["target"]),
         "draft model": (base["models"]["draft"], added["models"]["draft"]),
         "max_new_tokens": (base["config"]["max_new_tokens"], added["config"]["max_new_tokens"]),
-        "prompts": (base["selection"]["prompt_ids"], added["selection"]["prompt_ids"]),
     }
+    if same_prompts:
+        checks["prompts"] = (base["selection"]["prompt_ids"], added["selection"]["prompt_ids"])
     differing = [f"{what}: {a!r} vs {b!r}" for what, (a, b) in checks.items() if a != b]
     if differing:
         raise ValueError("the runs differ in " + "; ".join(differing) + ". Fix: run the added methods with the base "
-                         "run's pair, --max-new-tokens and prompt selection.")
+                         "run's pair, --max-new-tokens" + (" and prompt selection." if same_prompts else "."))
+    shared = sorted(set(base["selection"]["prompt_ids"]) & set(added["selection"]["prompt_ids"]))
+    if not same_prompts and shared:
+        raise ValueError(f"--pool: both runs measured {shared}, so pooling would count those prompts twice. Fix: run "
+                         "the added methods on other prompts (benchmarks/run.py --skip-per-category), or merge runs "
+                         "on the same prompts without --pool.")
     if base["config"]["sample"] or added["config"]["sample"]:
         raise ValueError("a run used --sample: sampled outputs are not deterministic, so their forwards cannot be "
                          "compared across runs. Fix: merge greedy runs only.")
@@ -107,6 +121,66 @@ def merge_runs(base: dict, added: dict, base_path: str, added_path: str, changed
     return {**base, "methods": methods, "aggregates": aggregates, "records": records, "merged": merged}
 
 
+_SAME_OPTIONS = ("kind", "gamma", "rule", "rule_kwargs", "draft_length", "draft_length_config", "draft")
+
+
+def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
+              base_methods: dict[str, str] | None = None) -> dict:
+    """The pooled results dict (`--pool`, see the module docstring); raises `ValueError` when the runs cannot be
+    pooled. `base_methods[name]` is the base run's name of the added run's method `name` (default: the same name)."""
+    _require_same_setting(base, added, same_prompts=False)
+    base_methods = dict(base_methods or {})
+    added_by_name = {m["name"]: m for m in added["methods"]}
+    base_by_name = {m["name"]: m for m in base["methods"]}
+    unknown = sorted(set(base_methods) - set(added_by_name))
+    if unknown:
+        raise ValueError(f"--base-method: {unknown} are not methods of the added run ({list(added_by_name)}). Fix: "
+                         "name the added run's method before '=' and the base run's after it.")
+    source = {name: base_methods.get(name, name) for name in added_by_name}
+    missing = [f"{old!r}" + (f" (for {name!r})" if old != name else "") for name, old in source.items()
+               if old not in base_by_name]
+    if missing:
+        raise ValueError(f"--pool: the base run has no method {', '.join(missing)} (its methods: {list(base_by_name)})."
+                         " Fix: pool runs of the same methods, naming a renamed one with --base-method NEW=OLD.")
+    differing = [f"{name}: {key} {base_by_name[old].get(key)!r} vs {added_by_name[name].get(key)!r}"
+                 for name, old in source.items() for key in _SAME_OPTIONS
+                 if base_by_name[old].get(key) != added_by_name[name].get(key)]
+    if differing:
+        raise ValueError("--pool: a method ran with other options in the two runs (" + "; ".join(differing[:5])
+                         + "). Fix: pool runs of the same methods and options.")
+    renamed = {old: name for name, old in source.items()}
+    records = [{**r, "method": renamed[r["method"]]} for r in base["records"] if r["method"] in renamed]
+    records += added["records"]
+    names = [m["name"] for m in added["methods"]]
+    aggregates = metrics.aggregate(records, names)
+    aggregates["cost_model"] = base["aggregates"].get("cost_model") or metrics.fit_round_costs(base["records"])
+    selection = {
+        "summary": f"{base['selection']['summary']}; pooled with {added['selection']['summary']}",
+        "prompt_ids": base["selection"]["prompt_ids"] + added["selection"]["prompt_ids"],
+    }
+    pooled = {
+        "base": base_path,
+        "added": added_path,
+        "added_commit": added["machine"]["git"]["commit"],
+        "base_methods": {name: old for name, old in source.items() if old != name},
+        "base_prompts": len(base["selection"]["prompt_ids"]),
+        "added_prompts": len(added["selection"]["prompt_ids"]),
+        "added_cost_model": added["aggregates"].get("cost_model") or metrics.fit_round_costs(added["records"]),
+    }
+    return {**base, "methods": added["methods"], "selection": selection, "aggregates": aggregates,
+            "records": records, "pooled": pooled}
+
+
+def _name_pairs(pairs: list[str]) -> dict[str, str]:
+    """`["NEW=OLD", ...]` → {NEW: OLD}."""
+    bad = [p for p in pairs if p.count("=") != 1 or not all(p.split("="))]
+    if bad:
+        raise ValueError(f"--base-method: got {bad}; expected NEW=OLD, e.g. "
+                         "semspec:fly/tapout=semspec:fly/tapout@2cc35ec. Fix: one '=' between the added run's method "
+                         "name and the base run's.")
+    return dict(p.split("=") for p in pairs)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("base", type=Path, help="results JSON of the run with the reference methods (the sweep)")
@@ -115,9 +189,19 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--output-dir", type=Path, default=None, help="default: the base run's folder")
     parser.add_argument("--changed", nargs="+", default=[], help="methods of both runs whose code changed in "
                         "between: not anchors; the added run's join as METHOD@<added commit>")
+    parser.add_argument("--pool", action="store_true", help="the runs measured the same methods on different "
+                        "prompts: one report over both runs' prompts")
+    parser.add_argument("--base-method", nargs="+", default=[], metavar="NEW=OLD", help="with --pool: the base "
+                        "run's name OLD of the added run's method NEW")
     args = parser.parse_args(argv)
+    if (args.pool and args.changed) or (args.base_method and not args.pool):
+        parser.error("--changed goes with a merge, --base-method with --pool; got "
+                     f"--pool={args.pool}, --changed={args.changed}, --base-method={args.base_method}")
     base, added = (json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.added))
-    results = merge_runs(base, added, args.base.name, args.added.name, args.changed)
+    if args.pool:
+        results = pool_runs(base, added, args.base.name, args.added.name, _name_pairs(args.base_method))
+    else:
+        results = merge_runs(base, added, args.base.name, args.added.name, args.changed)
     folder = args.output_dir or args.base.parent
     folder.mkdir(parents=True, exist_ok=True)
     report.write_json(folder / f"{args.name}.json", results)

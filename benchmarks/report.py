@@ -137,6 +137,18 @@ def render_markdown(results: dict) -> str:
             f"{', '.join(f'`{m}`' for m in merged['anchors'])}. Plain decoded {_fmt(drift)}× as fast in the added run; "
             "speed-ups are against each run's own plain, and the modeled tables price every method at the base run's "
             "costs.")
+    pooled = results.get("pooled")
+    if pooled:
+        own = pooled["added_cost_model"]
+        own_costs = (f"{own['seconds_per_target_forward']:.3f} s per target forward and "
+                     f"{own['seconds_per_draft_forward']:.3f} s per drafted token" if own else "none")
+        renamed = "".join(f"; `{new}` is the base run's `{old}`" for new, old in pooled["base_methods"].items())
+        lines.append(
+            f"- Pooled report (`benchmarks/merge.py --pool`): the machine, versions and wall time above are the base "
+            f"run's, `{pooled['base']}` ({pooled['base_prompts']} prompts); its generations are pooled with those of "
+            f"`{pooled['added']}` ({pooled['added_prompts']} other prompts, commit {str(pooled['added_commit'])[:12]})"
+            f"{renamed}. Speed-ups are against each run's own plain; the modeled tables price every generation at the "
+            f"base run's costs (the added run's own fit: {own_costs}).")
     pruned = results["models"].get("pruned_drafter")
     if pruned:
         lines.append(f"- Rules that need a pruned-vocabulary drafter (`rdk`) ran with `{Path(pruned['path']).name}`: "

@@ -191,10 +191,12 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     categories = data.categories_in_order(chosen)
     per = "all" if profile.per_category is None else profile.per_category
     if profile.skip_per_category:
-        per = f"{per} held-out, after the {profile.skip_per_category} a selection of that many takes,"
+        per = f"{per} per category held out, after the {profile.skip_per_category} that a smaller selection takes,"
+    else:
+        per = f"{per} per category,"
     cap = f", prompts <= {profile.max_prompt_chars} characters" if profile.max_prompt_chars else ""
     summary = (
-        f"{len(chosen)} from {source.name} ({per} per category, `{profile.selection}` selection{cap}; "
+        f"{len(chosen)} from {source.name} ({per} `{profile.selection}` selection{cap}; "
         f"{len(categories)} categories, max_new_tokens={profile.max_new_tokens}) + {len(gsm8k)} GSM8K "
         f"(`{profile.gsm8k_selection}` selection, max_new_tokens={profile.gsm8k_max_new_tokens})"
     )

@@ -591,11 +591,12 @@ def test_cli_help_runs_as_a_script():
 # Merging a run of new methods into an earlier sweep.
 
 
-def _run(methods_counts: dict[str, tuple[int, int]], plain_speed: float, commit: str = "abc") -> dict:
+def _run(methods_counts: dict[str, tuple[int, int]], plain_speed: float, commit: str = "abc",
+         prompts: tuple[str, ...] = ("p0", "p1")) -> dict:
     """A results dict of two prompts: `methods_counts[name] = (F, D)` for both prompts, 64 new tokens each."""
     timers = {"target_forward_s": 1.0, "draft_forward_s": 1.0}
     records = []
-    for pid in ("p0", "p1"):
+    for pid in prompts:
         records.append({**_generation(pid, "c", "plain", 64, 0, 64 / plain_speed), "acceptance_stats": None,
                         "tokens_per_s": plain_speed, "speedup_vs_plain": 1.0, "tau": 1.0, **timers})
         for name, (f, d) in methods_counts.items():
@@ -607,10 +608,10 @@ def _run(methods_counts: dict[str, tuple[int, int]], plain_speed: float, commit:
     return {
         "models": {"target": "t", "draft": "d"},
         "config": {"max_new_tokens": 64, "sample": False},
-        "selection": {"prompt_ids": ["p0", "p1"]},
+        "selection": {"prompt_ids": list(prompts), "summary": f"prompts {', '.join(prompts)}"},
         "machine": {"git": {"commit": commit}},
         "methods": [{"name": "plain", "kind": "plain"}]
-        + [{"name": n, "kind": "semspec", "rule": "exact", "draft_length": n.split("/")[1].split(":")[0]}
+        + [{"name": n, "kind": "semspec", "rule": "exact", "draft_length": n.split("/")[1].split(":")[0].split("@")[0]}
            for n in methods_counts],
         "aggregates": {},
         "records": records,
@@ -672,6 +673,56 @@ def test_merge_refuses_runs_that_are_not_comparable(change, message):
         merge.merge_runs(base, added, "base.json", "added.json")
 
 
+def test_pool_joins_the_same_methods_on_other_prompts_at_the_base_costs():
+    base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/constant:8": (12, 96),
+                 "semspec:exact/tapout@abc1234": (20, 70)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (20, 50), "semspec:exact/constant:8": (10, 90),
+                  "semspec:exact/tapout": (18, 66)}, plain_speed=2.2, commit="def", prompts=("p2", "p3"))
+    pooled = merge.pool_runs(base, added, "base.json", "added.json",
+                             {"semspec:exact/tapout": "semspec:exact/tapout@abc1234"})
+    assert [m["name"] for m in pooled["methods"]] == [m["name"] for m in added["methods"]]
+    assert pooled["selection"]["prompt_ids"] == ["p0", "p1", "p2", "p3"]
+    assert len(pooled["records"]) == 16  # 4 prompts × (plain + 3 methods), the base tapout's renamed
+    tapout = [r for r in pooled["records"] if r["method"] == "semspec:exact/tapout"]
+    assert [(r["prompt_id"], r["target_forwards"]) for r in tapout] == [("p0", 20), ("p1", 20), ("p2", 18), ("p3", 18)]
+    assert pooled["aggregates"]["overall"]["semspec:exact/tapout"]["prompts"] == 4
+    assert pooled["aggregates"]["cost_model"]["seconds_per_target_forward"] == pytest.approx(0.5)  # the base fit
+    assert pooled["pooled"]["base_methods"] == {"semspec:exact/tapout": "semspec:exact/tapout@abc1234"}
+    # Modeled at 0.5 s/F + 0.1 s/D, geometric means over the 4 prompts: constant:8 sqrt(64/15.6 · 64/14) = 4.33,
+    # tapout sqrt(64/17 · 64/15.6) = 3.93, constant:3 sqrt(64/18 · 64/15) = 3.89.
+    text = "\n".join(report.draft_length_section(pooled))
+    assert "| overall | `constant:8` 4.33 tok/s | 3.93 tok/s (0.91) |" in text
+
+
+@pytest.mark.parametrize(
+    "change, base_methods, message",
+    [
+        (lambda a: a["selection"].update(prompt_ids=["p1", "p2"]), {}, r"both runs measured \['p1'\]"),
+        (lambda a: None, {}, r"the base run has no method 'semspec:exact/tapout' \(its methods: "),
+        (lambda a: a["methods"][1].update(gamma=4), {"semspec:exact/tapout": "semspec:exact/tapout@abc1234"},
+         r"other options in the two runs \(semspec:exact/constant:3: gamma None vs 4\)"),
+        (lambda a: None, {"semspec:exact/svip": "semspec:exact/tapout@abc1234"},
+         r"--base-method: \['semspec:exact/svip'\]"),
+        (lambda a: a["config"].update(max_new_tokens=128), {}, r"differ in max_new_tokens: 64 vs 128"),
+    ],
+)
+def test_pool_refuses_runs_that_are_not_the_same_methods_on_other_prompts(change, base_methods, message):
+    base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout@abc1234": (20, 70)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (20, 50), "semspec:exact/tapout": (18, 66)}, plain_speed=2.0,
+                 prompts=("p2", "p3"))
+    change(added)
+    with pytest.raises(ValueError, match=message):
+        merge.pool_runs(base, added, "base.json", "added.json", base_methods)
+
+
+def test_pool_command_line_errors_name_the_option():
+    with pytest.raises(ValueError, match=r"--base-method: got \['semspec:fly/tapout'\]; expected NEW=OLD"):
+        merge._name_pairs(["semspec:fly/tapout"])
+    assert merge._name_pairs(["a=b@1", "c=d"]) == {"a": "b@1", "c": "d"}
+    with pytest.raises(SystemExit):
+        merge.main(["base.json", "added.json", "--name", "x", "--base-method", "a=b"])  # without --pool
+
+
 def test_merge_end_to_end_on_two_tiny_runs(tmp_path):
     write_tiny_data(tmp_path / "data")
     common = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
@@ -691,6 +742,26 @@ def test_merge_end_to_end_on_two_tiny_runs(tmp_path):
     assert merged["merged"]["anchors"] == ["semspec:exact/constant:2"]
     markdown = (out / "merged.md").read_text()
     assert "Merged report" in markdown and "| `semspec:exact/best_constant` |" in markdown
+
+
+def test_pool_end_to_end_on_a_tiny_run_and_its_held_out_prompts(tmp_path):
+    write_tiny_data(tmp_path / "data")  # two prompts per category: the quick run takes one, the held-out run the other
+    common = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
+              "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "exact", "--skip-stock",
+              "--no-profile-breakdown", "--draft-lengths", "constant:2,heuristic"]
+    threads = torch.get_num_threads()
+    try:
+        first = run.main(common + ["--name", "first"], load_pair=tiny_pair)
+        held_out = run.main(common + ["--name", "held", "--skip-per-category", "1"], load_pair=tiny_pair)
+    finally:
+        torch.set_num_threads(threads)
+    assert not set(first["selection"]["prompt_ids"]) & set(held_out["selection"]["prompt_ids"])
+    out = tmp_path / "out"
+    merge.main([str(out / "first.json"), str(out / "held.json"), "--name", "pooled", "--pool"])
+    pooled = json.loads((out / "pooled.json").read_text())
+    assert pooled["aggregates"]["overall"]["semspec:exact/heuristic"]["prompts"] == 4
+    markdown = (out / "pooled.md").read_text()
+    assert "Pooled report" in markdown and "(1 per category held out, after the 1 that a smaller selection" in markdown
 
 
 # Replaying fixed-budget policies on recorded acceptance traces.

@@ -55,8 +55,9 @@ def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) ->
     if differing:
         raise ValueError("the runs differ in " + "; ".join(differing) + ". Fix: run the added methods with the base "
                          "run's pair, --max-new-tokens" + (" and prompt selection." if same_prompts else "."))
-    shared = sorted(set(base["selection"]["prompt_ids"]) & set(added["selection"]["prompt_ids"]))
-    if not same_prompts and shared:
+    ids = (set(run["selection"]["prompt_ids"]) for run in (base, added))
+    shared = [] if same_prompts else sorted(set.intersection(*ids))
+    if shared:
         raise ValueError(f"--pool: both runs measured {shared}, so pooling would count those prompts twice. Fix: run "
                          "the added methods on other prompts (benchmarks/run.py --skip-per-category), or merge runs "
                          "on the same prompts without --pool.")

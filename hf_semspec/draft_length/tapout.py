@@ -57,6 +57,13 @@ previous defaults ["adaedl", "svip", "heuristic"] 0.99 / 1.01, and `cost_aware` 
 arms (`benchmarks/results/draft-length-final.md`, modeled time, 10 prompts × 64 tokens): 0.99 with `exact` and 1.04
 with `fly`, `heuristic` 0.96 and 0.97. Pass `arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
 
+With `fly` these arms rarely let the rule loosen anything: `fly` flips a mismatch only when its W = 6 following drafts
+are in the same round, so a round shorter than W + 1 = 7 verifies exactly, and stopping rules end rounds at the
+uncertain drafts that `fly` would flip. Live on 3 prompts per category (`benchmarks/results/draft-length-fly-3-per-
+category.md`, 30 prompts × 64 tokens, modeled time): 7% of `tapout`'s rounds drafted 7 or more, 28 of its 30 outputs
+equal plain decoding's; 1.08 of the best fixed length overall (`heuristic` 0.96), within 3% in 7 of 10 categories,
+short in coding (0.95) and math_reasoning (0.93), where γ = 8 lets `fly` flip, and in reasoning (0.969, best γ = 3).
+
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes
 is k and the accepted tokens. So "tokens_per_fitted_second" rewards the tokens and prices k by the line. Replaying the

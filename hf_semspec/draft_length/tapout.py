@@ -57,8 +57,8 @@ previous defaults ["adaedl", "svip", "heuristic"] 0.99 / 1.01, and `cost_aware` 
 arms (`benchmarks/results/draft-length-final.md`, modeled time, 10 prompts × 64 tokens): 0.99 with `exact` and 1.04
 with `fly`, `heuristic` 0.96 and 0.97. Pass `arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
 
-With `fly` these arms rarely let the rule loosen anything: `fly` flips a mismatch only when its W = 6 following drafts
-are in the same round, so a round shorter than W + 1 = 7 verifies exactly, and stopping rules end rounds at the
+With `fly` these arms rarely let the rule loosen anything: `fly` flips a mismatch only when its W (default 6) drafts
+after it are in the same round, so a round shorter than W + 1 = 7 verifies exactly, and stopping rules end rounds at the
 uncertain drafts that `fly` would flip. Live on 3 prompts per category (`benchmarks/results/draft-length-fly-3-per-
 category.md`, 30 prompts × 64 tokens, modeled time): 7% of `tapout`'s rounds drafted 7 or more, 28 of its 30 outputs
 equal plain decoding's; 1.08 of the best fixed length overall (`heuristic` 0.96), within 3% in 7 of 10 categories,

@@ -55,12 +55,12 @@ def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) ->
     if differing:
         raise ValueError("the runs differ in " + "; ".join(differing) + ". Fix: run the added methods with the base "
                          "run's pair, --max-new-tokens" + (" and prompt selection." if same_prompts else "."))
-    ids = (set(run["selection"]["prompt_ids"]) for run in (base, added))
-    shared = [] if same_prompts else sorted(set.intersection(*ids))
-    if shared:
-        raise ValueError(f"--pool: both runs measured {shared}, so pooling would count those prompts twice. Fix: run "
-                         "the added methods on other prompts (benchmarks/run.py --skip-per-category), or merge runs "
-                         "on the same prompts without --pool.")
+    if not same_prompts:
+        shared = sorted(set(base["selection"]["prompt_ids"]) & set(added["selection"]["prompt_ids"]))
+        if shared:
+            raise ValueError(f"--pool: both runs measured {shared}, so pooling would count those prompts twice. Fix: "
+                             "run the added methods on other prompts (benchmarks/run.py --skip-per-category), or "
+                             "merge runs on the same prompts without --pool.")
     if base["config"]["sample"] or added["config"]["sample"]:
         raise ValueError("a run used --sample: sampled outputs are not deterministic, so their forwards cannot be "
                          "compared across runs. Fix: merge greedy runs only.")
@@ -105,8 +105,7 @@ def merge_runs(base: dict, added: dict, base_path: str, added_path: str, changed
     records = base["records"] + [r for r in added["records"] if r["method"] in new_names]
     methods = base["methods"] + new_methods
     aggregates = metrics.aggregate(records, [m["name"] for m in methods])
-    costs = base["aggregates"].get("cost_model") or metrics.fit_round_costs(base["records"])
-    aggregates["cost_model"] = costs
+    aggregates["cost_model"] = metrics.run_cost_model(base)
     plain_then, plain_now = ({r["prompt_id"]: r["tokens_per_s"] for r in run["records"] if r["method"] == "plain"}
                              for run in (base, added))
     drift = [plain_now[p] / plain_then[p] for p in plain_then if p in plain_now]
@@ -154,7 +153,7 @@ def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
     records += added["records"]
     names = [m["name"] for m in added["methods"]]
     aggregates = metrics.aggregate(records, names)
-    aggregates["cost_model"] = base["aggregates"].get("cost_model") or metrics.fit_round_costs(base["records"])
+    aggregates["cost_model"] = metrics.run_cost_model(base)
     selection = {
         "summary": f"{base['selection']['summary']}; pooled with {added['selection']['summary']}",
         "prompt_ids": base["selection"]["prompt_ids"] + added["selection"]["prompt_ids"],
@@ -166,7 +165,7 @@ def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
         "base_methods": {name: old for name, old in source.items() if old != name},
         "base_prompts": len(base["selection"]["prompt_ids"]),
         "added_prompts": len(added["selection"]["prompt_ids"]),
-        "added_cost_model": added["aggregates"].get("cost_model") or metrics.fit_round_costs(added["records"]),
+        "added_cost_model": metrics.run_cost_model(added),
     }
     return {**base, "methods": added["methods"], "selection": selection, "aggregates": aggregates,
             "records": records, "pooled": pooled}

@@ -310,6 +310,12 @@ def fit_round_costs(records: list[dict]) -> dict | None:
     }
 
 
+def run_cost_model(results: dict) -> dict | None:
+    """A results dict's cost model: the one its run stored (`aggregates.cost_model`), else fitted from its records
+    (files written before the cost model existed)."""
+    return results["aggregates"].get("cost_model") or fit_round_costs(results["records"])
+
+
 def modeled_tokens_per_s(record: dict, costs: dict) -> float:
     """New tokens per modeled decode second `a · F + b · D` (prefill left out, see `fit_round_costs`)."""
     seconds = (costs["seconds_per_target_forward"] * record["target_forwards"]

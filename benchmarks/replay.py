@@ -175,7 +175,7 @@ def held_out_selection(pool: list[data.Prompt], per_category: int, skip_per_cate
 
 def load_costs(path: Path) -> dict:
     results = json.loads(path.read_text(encoding="utf-8"))
-    costs = results["aggregates"].get("cost_model") or metrics.fit_round_costs(results["records"])
+    costs = metrics.run_cost_model(results)
     if costs is None:
         raise ValueError(f"--costs {path}: the run has no determined cost model. Fix: use a run with several "
                          "draft lengths (e.g. benchmarks/results/draft-length-bandits.json).")

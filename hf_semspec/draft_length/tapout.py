@@ -58,13 +58,14 @@ arms (`benchmarks/results/draft-length-final.md`, modeled time, 10 prompts × 64
 with `fly`, `heuristic` 0.96 and 0.97. Pass `arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
 
 With `fly` these arms rarely let the rule loosen anything: `fly` flips a mismatch only when its W (default 6) drafts
-after it are in the same round, so a round shorter than W + 1 = 7 verifies exactly, and stopping rules end rounds at the
-uncertain drafts that `fly` would flip. Live on 3 prompts per category (`benchmarks/results/draft-length-fly-3-per-
-category.md`, 30 prompts × 64 tokens, modeled time): 7% of `tapout`'s rounds drafted 7 or more, 28 of its 30 outputs
-equal plain decoding's; 1.08 of the best fixed length overall (`heuristic` 0.96), within 3% in 7 of 10 categories,
-short in coding (0.95) and math_reasoning (0.93), where γ = 8 lets `fly` flip, and in reasoning (0.969, best γ = 3).
-A third arm `constant` (γ = 15 with `fly`) did not help on the same prompts: modeled 0.98 (4 of 10), measured a tie;
-it gained in code and math and lost where γ = 3 wins, since the bandit learns one arm for every prompt.
+after it are in the same round, so a round shorter than W + 1 = 7 verifies exactly, and stopping rules end rounds at
+the uncertain drafts that `fly` would flip. Live on 3 prompts per category
+(`benchmarks/results/draft-length-fly-3-per-category.md`, 30 prompts × 64 tokens, modeled time): 7% of `tapout`'s
+rounds drafted 7 or more, 28 of its 30 outputs equal plain decoding's; 1.08 of the best fixed length overall
+(`heuristic` 0.96), within 3% in 7 of 10 categories, short in coding (0.95) and math_reasoning (0.93), where γ = 8
+lets `fly` flip, and in reasoning (0.969, best γ = 3). A third arm `constant` (γ = 15 with `fly`) did not help on
+the same prompts: modeled 0.98 (4 of 10), measured a tie; it gained in code and math and lost where γ = 3 wins,
+since the bandit learns one arm for every prompt.
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes

@@ -199,6 +199,7 @@ def speculative_decode(
     raw_logits = () if return_dict and generation_config.output_logits else None
     prompt_length = input_ids.shape[1]
     num_target_forwards = 0
+    draft_length.set_deferred_window(rule.deferred_window)
 
     finished = False
     while not finished:
@@ -235,9 +236,13 @@ def speculative_decode(
             )
         )
 
-        # 5. The round's one host sync: accepted count, next token and drafts, to cut at EOS / max_length.
-        synced = torch.cat([result.num_accepted, result.next_token, candidates[0, length:]]).tolist()
-        num_accepted, next_token, drafted = synced[0], synced[1], synced[2:]
+        # 5. The round's one host sync: accepted count, next token and drafts, to cut at EOS / max_length (and the
+        #    drafts that passed the rule's own test, for a draft-length policy, when the rule has a deferred window).
+        matched = [] if result.num_matched is None else [result.num_matched]
+        synced = torch.cat([result.num_accepted, result.next_token, *matched, candidates[0, length:]]).tolist()
+        num_accepted, next_token = synced[0], synced[1]
+        num_matched = synced[2] if matched else None
+        drafted = synced[2 + len(matched) :]
         emitted = drafted[:num_accepted] + [next_token]
         keep = min(len(emitted), max_length - length)
         eos_at = next((i for i, token in enumerate(emitted[:keep]) if token in eos_ids), None)
@@ -246,7 +251,10 @@ def speculative_decode(
         new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
         new_tokens = new_tokens[:, :keep]
         draft_length.observe(
-            RoundOutcome(gamma, num_accepted, time.perf_counter() - round_start, includes_prefill=num_target_forwards == 1)
+            RoundOutcome(
+                gamma, num_accepted, time.perf_counter() - round_start,
+                includes_prefill=num_target_forwards == 1, num_matched=num_matched,
+            )
         )
 
         # 6. Append, stream, and roll both caches back to the accepted prefix (the next token is not cached yet).

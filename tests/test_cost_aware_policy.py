@@ -270,3 +270,117 @@ def test_learns_to_skip_a_length_that_costs_more_than_a_longer_one():
     settled = collections.Counter(lengths[300:])
     assert settled[3] > 5 * settled[2]
     assert sum(rate(k) * n for k, n in settled.items()) / 500 / rate(3) > 0.98
+
+
+# --- under a rule's deferred window (fly) ------------------------------------------------------------------------
+
+
+def windowed_policy(window: int = 2, **options) -> CostAwarePolicy:
+    policy = CostAwarePolicy(CostAwareConfig(**options))
+    policy.set_deferred_window(window)
+    return policy
+
+
+def test_window_expectation_worked_numbers():
+    # W = 2, φ = 0.5, k = 3, p = 0.5, 0.8, 0.9. Only draft 1 has W drafts after it. It passes (0.5): drafts 2 and 3
+    # as under exact, 1 + 0.8 + 0.72 = 2.52; it fails and is kept (0.5·0.5): drafts 1-2 accepted, draft 3 fresh, 2.9.
+    policy = windowed_policy(2)
+    policy.round_flip = 0.5
+    assert policy.expected_accepted([0.5, 0.8, 0.9], 3) == pytest.approx(0.5 * 2.52 + 0.25 * 2.9)
+    # With φ = 0 it is the exact rules' Σ_i Π_{l ≤ i} p_l, on any numbers.
+    rng = random.Random(0)
+    policy.round_flip = 0.0
+    for _ in range(20):
+        p = [rng.random() for _ in range(8)]
+        assert policy.expected_accepted(p, 8) == pytest.approx(sum(math.prod(p[:i]) for i in range(1, 9)))
+
+
+def test_docstring_worked_example_with_a_window():
+    # ρ = 0.2, R̃ = 2, p̄ = 0.9, cap 4, W = 2, φ = 0.5; drafts with p̂ = 0.99, 0.3, 0.95.
+    def round_length(window: int | None) -> tuple[CostAwarePolicy, int]:
+        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.2, max_tokens=4, flip_prior=0.5))
+        policy.set_deferred_window(window)
+        policy.rate_tokens, policy.rate_rounds = 2.0, {0: 1.0}
+        policy.acceptance = {0: 0.99, 9: 0.3, 2: 0.95}.__getitem__
+        policy.next_draft_acceptance = lambda: 0.9
+        return policy, draft_round(policy, [None, Q_BIN[0], Q_BIN[9], Q_BIN[2]].__getitem__)
+
+    exact_policy, exact_length = round_length(None)
+    assert exact_length == 2  # P_2·p̄ = 0.99·0.3·0.9 = 0.267 < 0.4
+    policy, length = round_length(2)
+    assert length == 4
+    # After draft 2: E_2 = 0.99·1.3 = 1.287, E_4 = 2.81827 (draft 2 kept with 0.7·0.5), so m = 4 gains 0.731 > 0;
+    # m = 3 cannot keep draft 2 (2 + W > 3) and gains 0.99·0.3·0.9 − 0.4 < 0.
+    policy.max_tokens()
+    policy.round_acceptances = [0.99, 0.3]
+    assert policy.expected_accepted([0.99, 0.3, 0.9, 0.9], 2) == pytest.approx(1.287)
+    assert policy.expected_accepted([0.99, 0.3, 0.9, 0.9], 4) == pytest.approx(2.81827)
+    assert policy.window_drafting_gain(2) == pytest.approx(2.81827 - 1.287 - 0.8)
+    # After draft 3 (p̂ = 0.95): E_3 = 1.5839, E_4 = 2.84696.
+    policy.round_acceptances = [0.99, 0.3, 0.95]
+    assert policy.window_drafting_gain(3) == pytest.approx(2.84696 - 1.5839 - 0.4)
+
+
+def test_window_learns_the_flip_rate_and_calibrates_on_the_own_test():
+    policy = windowed_policy(2, calibration_discount=0.5, flip_prior=0.5)
+    assert policy.flip_probability() == 0.5  # the prior
+
+    def verified_round(bins: list[int], drafted: int, accepted: int, matched: int) -> None:
+        policy.max_tokens()
+        for j, b in enumerate(bins, start=1):
+            policy.keep_drafting(j, Q_BIN[b])
+        policy.observe(RoundOutcome(drafted, accepted, 1.0, num_matched=matched))
+
+    # Draft 2 failed Δ and was kept (4 accepted): drafts 1-2 calibrate (1 passed, 1 failed), one kept flip.
+    verified_round([0, 6, 0, 0], drafted=5, accepted=4, matched=1)
+    assert policy.tested == [1, 0, 0, 0, 0, 0, 1, 0, 0, 0] and policy.accepted == [1, 0, 0, 0, 0, 0, 0, 0, 0, 0]
+    assert (policy.flips, policy.flip_trials) == (1.0, 1.0) and policy.flip_probability() == pytest.approx(1.5 / 2)
+    # Draft 1 failed and was not kept, W = 2 drafts after it: a failed trial, both counts forgotten by δ_c^1 first.
+    verified_round([6, 0], drafted=3, accepted=0, matched=0)
+    assert (policy.flips, policy.flip_trials) == (0.5, 1.5)
+    # Draft 2 failed with only one draft after it: no trial; the counts are forgotten by δ_c² (two tested drafts).
+    verified_round([0, 6], drafted=3, accepted=1, matched=1)
+    assert policy.flip_trials == pytest.approx(1.5 * 0.25)
+
+
+def test_window_rounds_reach_past_an_unsure_draft_while_flips_pay_and_not_after():
+    # Sure drafts (bin 0) pass Δ always, unsure ones (bin 7) never; the rule keeps a failed draft that has W = 3
+    # drafts after it, the next two sure, with probability `flip_rate`. Priced as exact (no window), a round stops
+    # right after an unsure draft; with flips that pay, it drafts on to give the draft its window; where flips never
+    # come, it learns so and drafts about as the exact pricing does.
+    def run(flip_rate: float, window: int | None = 3) -> tuple[CostAwarePolicy, list[int]]:
+        rng = random.Random(0)
+        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12))
+        policy.set_deferred_window(window)
+        lengths = []
+        for _ in range(300):
+            kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
+            drafted = draft_round(policy, lambda j: Q_BIN[kinds[j - 1]], limit=12)
+            matched = next((i for i, kind in enumerate(kinds[:drafted]) if kind == 7), drafted)
+            accepted = matched
+            while (accepted + 3 < drafted and kinds[accepted] == 7 and kinds[accepted + 1: accepted + 3] == [0, 0]
+                   and rng.random() < flip_rate):
+                accepted += 3
+                while accepted < drafted and kinds[accepted] == 0:
+                    accepted += 1
+            policy.observe(RoundOutcome(drafted, accepted, 1.0, num_matched=matched))
+            lengths.append(drafted)
+        return policy, lengths[100:]
+
+    paying, paying_lengths = run(flip_rate=0.9)
+    never, never_lengths = run(flip_rate=0.0)
+    _, exact_lengths = run(flip_rate=0.0, window=None)
+    # φ is the chance that a mismatch with W drafts after it is kept, its window included (about 0.8² · 0.9). Where
+    # none is ever kept, the discounted trials fade and φ drifts back toward its prior 0.5, so a round now and then
+    # tests the window again: 12% more drafts than the exact pricing on this stream.
+    assert paying.flip_probability() > 0.5 and never.flip_probability() < 0.2
+    assert sum(paying_lengths) > 1.5 * sum(exact_lengths)
+    assert sum(never_lengths) < 1.15 * sum(exact_lengths)
+    paying.max_tokens()
+    assert all(paying.keep_drafting(j, Q_BIN[0]) for j in (1, 2)) and paying.keep_drafting(3, Q_BIN[7])
+
+
+def test_tapout_tells_its_arms_the_window():
+    policy = POLICIES.build("tapout", {})
+    policy.set_deferred_window(6)
+    assert [getattr(arm, "window", "n/a") for arm in policy.arms] == [6, "n/a"]  # cost_aware reads it; svip does not

@@ -37,7 +37,10 @@ class _StopAfterPolicy(DraftLengthPolicy):
 
     def __init__(self, config=None):
         super().__init__(config)
-        self.asked, self.outcomes = [], []
+        self.asked, self.outcomes, self.windows = [], [], []
+
+    def set_deferred_window(self, window):
+        self.windows.append(window)
 
     def max_tokens(self):
         return self.config.cap
@@ -90,6 +93,22 @@ def test_per_token_policy_stops_early_and_learns(attached, close_draft, stop_aft
     assert sum(o.num_drafted for o in policy.outcomes) == stats.num_drafted
     assert sum(o.num_accepted for o in policy.outcomes) == stats.num_accepted
     assert all(o.seconds > 0 for o in policy.outcomes)
+
+
+def test_policy_is_told_the_rules_window_and_each_rounds_own_test_prefix(attached, close_draft, stop_after_registered):
+    """`fly` (W = 3): the policy hears W once per call, and each round's `num_matched` (drafts before the first that
+    failed Δ) is at most its accepted count, below it where the window kept a mismatch. `exact` has no window."""
+    policy = _StopAfterPolicy(_StopAfterConfig(stop_after=6, cap=6))
+    for seed in range(3):
+        attached.generate(prompt(8, seed=seed), assistant_model=close_draft, acceptance="fly",
+                          acceptance_kwargs={"window": 3}, draft_length=policy, max_new_tokens=12, do_sample=False)
+    assert policy.windows == [3, 3, 3]
+    assert all(o.num_matched is not None and o.num_matched <= o.num_accepted for o in policy.outcomes)
+    assert any(o.num_matched < o.num_accepted for o in policy.outcomes)  # the window kept a mismatch
+    exact = _StopAfterPolicy(_StopAfterConfig(stop_after=6, cap=6))
+    generate(attached, close_draft, draft_length=exact)
+    assert exact.windows == [None] and all(o.num_matched is None for o in exact.outcomes)
+    assert all(o.matched == o.num_accepted for o in exact.outcomes)
 
 
 def test_policy_instance_keeps_state_across_calls(attached, close_draft, stop_after_registered):

@@ -81,6 +81,17 @@ def test_worked_example_greedy():
     torch.testing.assert_close(H, torch.tensor([1.0496, 0.1313]), atol=1e-4, rtol=0)
 
 
+def test_num_matched_is_the_prefix_that_passed_the_own_test():
+    """The worked example's rows (a) and (d): the window keeps the mismatch, so the round accepts more drafts than
+    passed Δ; `num_matched` reports the latter, for the draft-length policy. `exact` reports no window."""
+    inputs = inputs_from_probs([[FLAT] * 5 + [BONUS]] * 2, [[1, 0, 0, 1, 0], [0, 1, 0, 0, 0]])
+    rule = fly(window=3, entropy_threshold=0.3)
+    result = rule.verify(inputs)
+    assert rule.deferred_window == 3
+    assert result.num_accepted.tolist() == [3, 5] and result.num_matched.tolist() == [0, 1]
+    assert ExactRule().deferred_window is None and ExactRule().verify(inputs).num_matched is None
+
+
 def test_worked_example_entropy_options():
     p = torch.tensor([0.9, 0.05, 0.03, 0.01, 0.01])
     assert target_entropy(p, "top3").item() == pytest.approx(0.3498, abs=1e-4)

@@ -6,7 +6,10 @@ A policy is a second switch next to the acceptance rule (`draft_length="<name>"`
 - `keep_drafting(num_drafted, probs)`: asked after each drafted token when the policy `decides_per_token`;
   returning `False` ends the round early. Reading a value to decide costs one host sync per drafted token, so
   only per-token policies are asked, and fixed-budget policies cost nothing;
-- `observe(outcome)`: the verification result of the round, to adapt (schedules, bandits).
+- `observe(outcome)`: the verification result of the round, to adapt (schedules, bandits);
+- `set_deferred_window(window)`: told once per `generate()` call, before the first round, whether the acceptance
+  rule can keep a mismatch on the evidence of the drafts after it (FLy: W drafts), which only a round long enough
+  for the window allows.
 
 One policy instance serves one `generate()` call unless the user passes an instance, which then keeps what it
 learned across calls.
@@ -62,12 +65,22 @@ class RoundOutcome:
         seconds (`float`): wall time of the round, drafting through verification.
         includes_prefill (`bool`): the round's forwards also processed the prompt (the first round of a call), so
             `seconds` says little about the cost of drafting.
+        num_matched (`int`, *optional*): with a rule that has a deferred window, the drafts before the first one
+            that failed the rule's own test (`num_matched < num_accepted` when the window kept that mismatch);
+            `None` when the rule judges each draft alone.
     """
 
     num_drafted: int
     num_accepted: int
     seconds: float
     includes_prefill: bool = False
+    num_matched: int | None = None
+
+    @property
+    def matched(self) -> int:
+        """Drafts that passed the rule's own test before the first that failed it: `num_matched`, or `num_accepted`
+        for a rule that judges each draft alone."""
+        return self.num_accepted if self.num_matched is None else self.num_matched
 
 
 class DraftLengthPolicy(ABC):
@@ -106,6 +119,10 @@ class DraftLengthPolicy(ABC):
 
     def observe(self, outcome: RoundOutcome) -> None:
         """Learns from one verified round."""
+
+    def set_deferred_window(self, window: int | None) -> None:
+        """The acceptance rule's `deferred_window`: W if it may keep a mismatch that has W drafts after it in the
+        round (FLy), else `None`. Called before the first round of each `generate()` call; ignored by default."""
 
 
 POLICIES: Registry[DraftLengthPolicy] = Registry(

@@ -162,6 +162,14 @@ class CostAwareConfig(DraftLengthConfig):
             "range": POSITIVE,
         },
     )
+    flip_prior: float = field(
+        default=0.5,
+        metadata={
+            "help": "φ before any round tested it: with a rule that has a deferred window (fly), the chance that a "
+            "first mismatch with W drafts after it in the round is kept; weight prior_strength",
+            "range": Range(0, 1),
+        },
+    )
     explore_after: int = field(
         default=10,
         metadata={
@@ -199,6 +207,12 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_rate = self.round_next_acceptance = 0.0
         self.last_length, self.same_length_rounds = 0, 0  # the latest round's k, and how many rounds in a row drafted it
         self.drafts_past_stop = 0
+        # A rule's deferred window (set_deferred_window): W, and the discounted kept / tested first mismatches that
+        # had W drafts after them; round_acceptances: p̂ of this round's drafts, for the window's expectation.
+        self.window: int | None = None
+        self.flips = self.flip_trials = 0.0
+        self.round_acceptances: list[float] = []
+        self.round_flip = 0.0
 
     # The estimates.
 
@@ -211,6 +225,11 @@ class CostAwarePolicy(DraftLengthPolicy):
         """p̄: the acceptance of a tested draft, whatever its entropy."""
         m = self.config.prior_strength
         return (sum(self.accepted) + m * _NEXT_DRAFT_PRIOR) / (sum(self.tested) + m)
+
+    def flip_probability(self) -> float:
+        """φ: the chance that the rule keeps a first mismatch that has W drafts after it in the round."""
+        m = self.config.prior_strength
+        return (self.flips + m * self.config.flip_prior) / (self.flip_trials + m)
 
     def cost_ratio(self) -> float:
         """ρ = t_1 / t_0 of the line: given, fitted, or 0.1 while the fit is undetermined."""
@@ -244,6 +263,38 @@ class CostAwarePolicy(DraftLengthPolicy):
             best = max(best, expected_tokens - self.round_rate * (prices[m] - seconds_now))
         return best
 
+    def expected_accepted(self, acceptances: list[float], num_drafted: int) -> float:
+        """E[accepted drafts] of a round of k = `num_drafted` drafts under a deferred window W, `acceptances[i − 1]`
+        being draft i's chance to pass the rule's own test (p̂ or p̄) and φ the round's flip probability:
+
+            e(i) = p_i·(1 + e(i + 1)) + (1 − p_i)·φ·1[i + W ≤ k]·(W + e(i + W)),   e(k + 1) = 0,   E = e(1)
+
+        (a kept mismatch at i brings the W − 1 matches after it: W accepted drafts). With φ = 0 it is the exact
+        rules' Σ_i Π_{l ≤ i} p_l."""
+        window, flip = self.window, self.round_flip
+        after = [0.0] * (num_drafted + 2)  # after[i] = e(i)
+        for i in range(num_drafted, 0, -1):
+            p = acceptances[i - 1]
+            value = p * (1.0 + after[i + 1])
+            if i + window <= num_drafted:
+                value += (1.0 - p) * flip * (window + after[i + window])
+            after[i] = value
+        return after[1]
+
+    def window_drafting_gain(self, num_drafted: int) -> float:
+        """`drafting_gain` under a deferred window: max over m in (j, cap] of E_m − E_j − R̃·(t̂(m) − t̂(j)), E_k
+        the expected accepted drafts of a round of k (`expected_accepted`), drafts after j priced at p̄."""
+        cap = self.config.max_tokens
+        acceptances = self.round_acceptances + [self.round_next_acceptance] * (cap - num_drafted)
+        now, seconds_now = self.expected_accepted(acceptances, num_drafted), self.round_prices[num_drafted]
+        return max(
+            (
+                self.expected_accepted(acceptances, m) - now - self.round_rate * (self.round_prices[m] - seconds_now)
+                for m in range(num_drafted + 1, cap + 1)
+            ),
+            default=-math.inf,
+        )
+
     @property
     def exploring(self) -> bool:
         """Whether this round drafts EXPLORATION_DRAFTS past its stop: `explore_after` rounds in a row had one length."""
@@ -252,9 +303,10 @@ class CostAwarePolicy(DraftLengthPolicy):
     # The policy interface.
 
     def max_tokens(self) -> int:
-        self.round_bins = []
+        self.round_bins, self.round_acceptances = [], []
         self.survival = 1.0
         self.drafts_past_stop = 0
+        self.round_flip = self.flip_probability() if self.window is not None else 0.0
         # Only observe() changes the times, the rate and p̄: read them once per round, not once per drafted token.
         self.round_prices = {k: self.round_seconds(k) for k in range(1, self.config.max_tokens + 1)}
         self.round_rate, self.round_next_acceptance = self.running_rate(), self.next_draft_acceptance()
@@ -265,8 +317,13 @@ class CostAwarePolicy(DraftLengthPolicy):
             return True
         bin_index = entropy_bin(float(entropy(probs).max()))  # the host sync of this decision
         self.round_bins.append(bin_index)
-        self.survival *= self.acceptance(bin_index)
-        if self.drafts_past_stop == 0 and self.drafting_gain(num_drafted) >= 0:
+        acceptance = self.acceptance(bin_index)
+        self.round_acceptances.append(acceptance)
+        self.survival *= acceptance
+        # Under a window the flips are worth pricing only when a round can hold one (W + 1 drafts).
+        windowed = self.window is not None and self.round_flip > 0 and self.window < self.config.max_tokens
+        gain = self.window_drafting_gain(num_drafted) if windowed else self.drafting_gain(num_drafted)
+        if self.drafts_past_stop == 0 and gain >= 0:
             return True
         # The rule weighed stopping now against every longer round, so its stop is final; an exploration round goes on.
         if self.exploring and self.drafts_past_stop < EXPLORATION_DRAFTS:
@@ -274,18 +331,30 @@ class CostAwarePolicy(DraftLengthPolicy):
             return True
         return False
 
+    def set_deferred_window(self, window: int | None) -> None:
+        self.window = window
+
     def observe(self, outcome: RoundOutcome) -> None:
-        k, n = outcome.num_drafted, outcome.num_accepted
-        # Drafts 1..n were accepted and draft n + 1 rejected; later ones were never tested. The last draft of a
+        k, n, matched = outcome.num_drafted, outcome.num_accepted, outcome.matched
+        # Drafts 1..s passed the rule's own test and draft s + 1 failed it (s = n for a rule without a window);
+        # later ones were tested after a mismatch, or not at all, so they say nothing of p̂. The last draft of a
         # round is not seen by keep_drafting (nothing is decided after it), so round_bins may stop short of k.
-        tested = self.round_bins[: n + 1]
+        tested = self.round_bins[: matched + 1]
         forget = self.config.calibration_discount ** len(tested)
         self.accepted = [a * forget for a in self.accepted]
         self.tested = [t * forget for t in self.tested]
         for position, bin_index in enumerate(tested, start=1):
             self.tested[bin_index] += 1.0
-            self.accepted[bin_index] += float(position <= n)
-        self.round_bins = []
+            self.accepted[bin_index] += float(position <= matched)
+        # A first mismatch (draft s + 1) with W drafts after it tests φ: kept if the round accepted past it. φ is
+        # forgotten at the calibration's pace, so both follow the text alike.
+        if self.window is not None:
+            self.flips *= forget
+            self.flip_trials *= forget
+            if matched + 1 + self.window <= k:
+                self.flips += float(n > matched)
+                self.flip_trials += 1.0
+        self.round_bins, self.round_acceptances = [], []
         if k > 0 and not outcome.includes_prefill:  # a prefill round's time says little about drafting
             self.costs.add(k, outcome.seconds)
         if k > 0:

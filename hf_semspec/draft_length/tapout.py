@@ -334,6 +334,10 @@ class TapOutPolicy(DraftLengthPolicy):
             return True
         return arm.keep_drafting(num_drafted, probs if arm.reads_draft_probs else None)
 
+    def set_deferred_window(self, window: int | None) -> None:
+        for arm in self.arms:
+            arm.set_deferred_window(window)
+
     def observe(self, outcome: RoundOutcome) -> None:
         if self.current is None:
             return

@@ -131,11 +131,15 @@ class VerificationResult:
         next_token (`torch.LongTensor` of shape `(batch,)`): the token emitted after them: the rule's rejection
             token at position n, or the target's bonus token when n == γ.
         accepted (`torch.BoolTensor` of shape `(batch, γ)`): the rule's per-position verdicts before the cut.
+        num_matched (`torch.LongTensor` of shape `(batch,)`, *optional*): for a rule with a `deferred_window`, the
+            drafts before the first one that failed the rule's own test (FLy's Δ), so `num_matched < num_accepted`
+            when the window kept that mismatch; `None` for rules that judge each draft alone (`== num_accepted`).
     """
 
     num_accepted: torch.LongTensor
     next_token: torch.LongTensor
     accepted: torch.BoolTensor
+    num_matched: torch.LongTensor | None = None
 
 
 class AcceptanceRule(ABC):
@@ -196,6 +200,18 @@ class AcceptanceRule(ABC):
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
         """Per-position verdicts, shape `(batch, γ)`. Must not modify `inputs` in place."""
 
+    @property
+    def deferred_window(self) -> int | None:
+        """W when the rule may accept a draft that fails its own test on the evidence of the W drafts after it in
+        the same round (FLy's deferred window), so that a draft-length policy can price rounds long enough for it;
+        `None` (the default) for rules that judge each draft alone."""
+        return None
+
+    def own_test(self, inputs: VerificationInput) -> torch.BoolTensor | None:
+        """For a rule with a `deferred_window`: each draft's own test before the window loosens it (FLy's Δ),
+        shape `(batch, γ)`, from the same draws as `accept()`; `None` otherwise."""
+        return None
+
     def rejection_token(self, inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
         """Token emitted at the first rejected `position` (shape `(batch,)`); default: the target's own token."""
         return self.target_token(inputs, position)
@@ -217,6 +233,7 @@ class AcceptanceRule(ABC):
             accepted = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
             num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)
             next_token = self.target_token(inputs, num_accepted)
+            num_matched = num_accepted if self.deferred_window is not None else None
         else:
             accepted = self.accept(inputs)
             # The sequence keeps the longest all-accepted prefix: n = Σ_i Π_{j≤i} accepted_j.
@@ -224,8 +241,12 @@ class AcceptanceRule(ABC):
             bonus = self.target_token(inputs, num_accepted)  # valid where n == γ (row γ is the bonus row)
             correction = self.rejection_token(inputs, num_accepted.clamp(max=gamma - 1))
             next_token = torch.where(num_accepted == gamma, bonus, correction)
+            matched = self.own_test(inputs)
+            num_matched = None if matched is None else matched.long().cumprod(-1).sum(-1)
         self.counters.record(gamma, num_accepted)
-        return VerificationResult(num_accepted=num_accepted, next_token=next_token, accepted=accepted)
+        return VerificationResult(
+            num_accepted=num_accepted, next_token=next_token, accepted=accepted, num_matched=num_matched
+        )
 
 
 RULES: Registry[AcceptanceRule] = Registry(

@@ -224,6 +224,13 @@ class FLyRule(AcceptanceRule):
             return drafts == inputs.target_greedy_ids[:, :-1]
         return (self.target_samples(inputs) == drafts[..., None]).any(-1)
 
+    @property
+    def deferred_window(self) -> int:
+        return self.config.window
+
+    def own_test(self, inputs: VerificationInput) -> torch.BoolTensor:
+        return self.raw_acceptance(inputs)
+
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
         delta = self.raw_acceptance(inputs)
         deferred = deferred_window(delta, self.config.window)

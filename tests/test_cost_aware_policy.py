@@ -178,6 +178,7 @@ def test_a_cheaper_draft_drafts_longer_on_the_same_stream():
         ({"rate_discount": 1.5}, r"`draft_length_kwargs\['rate_discount'\]` = 1.5 .*\(0, 1\]"),
         ({"cost_ratio": -0.1}, r"`draft_length_kwargs\['cost_ratio'\]` = -0.1 "),
         ({"explore_after": -1}, r"`draft_length_kwargs\['explore_after'\]` = -1 .*\[0, 1000\]"),
+        ({"flip_prior": 1.5}, r"`draft_length_kwargs\['flip_prior'\]` = 1.5 .*\[0, 1\]"),
         ({"threshold": 0.3}, r"unknown option\(s\) \['threshold'\] for 'cost_aware'"),
     ],
 )
@@ -276,7 +277,7 @@ def test_learns_to_skip_a_length_that_costs_more_than_a_longer_one():
 
 
 def windowed_policy(window: int = 2, **options) -> CostAwarePolicy:
-    policy = CostAwarePolicy(CostAwareConfig(**options))
+    policy = CostAwarePolicy(CostAwareConfig(**{"flip_prior": 0.5, **options}))
     policy.set_deferred_window(window)
     return policy
 
@@ -350,7 +351,7 @@ def test_window_rounds_reach_past_an_unsure_draft_while_flips_pay_and_not_after(
     # come, it learns so and drafts about as the exact pricing does.
     def run(flip_rate: float, window: int | None = 3) -> tuple[CostAwarePolicy, list[int]]:
         rng = random.Random(0)
-        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12))
+        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12, flip_prior=0.5))
         policy.set_deferred_window(window)
         lengths = []
         for _ in range(300):
@@ -378,6 +379,31 @@ def test_window_rounds_reach_past_an_unsure_draft_while_flips_pay_and_not_after(
     assert sum(never_lengths) < 1.15 * sum(exact_lengths)
     paying.max_tokens()
     assert all(paying.keep_drafting(j, Q_BIN[0]) for j in (1, 2)) and paying.keep_drafting(3, Q_BIN[7])
+
+
+def test_without_flip_prior_a_window_changes_nothing():
+    # The default (flip_prior=None): under fly's window the policy drafts and learns as it does for exact, from the
+    # rule's accepted count, whatever num_matched says.
+    def lengths(window: int | None) -> tuple[CostAwarePolicy, list[int]]:
+        rng = random.Random(0)
+        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12))
+        policy.set_deferred_window(window)
+        drafted_lengths = []
+        for _ in range(200):
+            kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
+            drafted = draft_round(policy, lambda j: Q_BIN[kinds[j - 1]], limit=12)
+            matched = next((i for i, kind in enumerate(kinds[:drafted]) if kind == 7), drafted)
+            accepted = drafted if rng.random() < 0.5 else matched  # the window kept the mismatch half the time
+            # A rule without a window reports no num_matched.
+            policy.observe(RoundOutcome(drafted, accepted, 1.0, num_matched=matched if window else None))
+            drafted_lengths.append(drafted)
+        return policy, drafted_lengths
+
+    unpriced, unpriced_lengths = lengths(6)
+    plain, plain_lengths = lengths(None)
+    assert unpriced_lengths == plain_lengths and unpriced.accepted == plain.accepted
+    assert not unpriced.prices_window and unpriced.flip_probability() == 0.0 and unpriced.flip_trials == 0.0
+    assert len(set(plain_lengths)) > 1  # the stream does move the lengths
 
 
 def test_tapout_tells_its_arms_the_window():

@@ -65,8 +65,48 @@ of predictable text reaches 12–16; 24 leaves that room and bounds the waste.
 
 The first draft of a round is always made (the loop asks after a token is drafted), and the token that ends the round
 is still proposed. With a batch the entropy is the largest of the rows'. Each decision reads one value from the
-device: one host sync per drafted token. With the relaxed rules the learned acceptance is that rule's; `fly`'s
-deferred window makes a draft's acceptance depend on later drafts, which the rule does not model.
+device: one host sync per drafted token. With the relaxed rules the learned acceptance is that rule's.
+
+Under a deferred window (`fly`; ours; opt-in with `flip_prior`). `fly` keeps a draft that fails its own test Δ (a
+mismatch) only if the W drafts after it are in the same round and the first W − 1 of them match (W = 6 by default),
+so a draft's acceptance depends on how long the round goes on, and a rule that prices the next draft by its own
+acceptance stops at the unsure drafts that `fly` would keep. The rule tells the policy its W (`set_deferred_window`),
+and each round reports how many drafts passed Δ before the first that failed it (`RoundOutcome.num_matched`, s).
+With `flip_prior` set, the calibration learns p̂ from drafts 1..s + 1 (Δ, not the window's verdict), and the policy
+learns
+
+    flip rate      φ = (f + m·φ_0) / (u + m)         u: first mismatches with W drafts after them in the round; f: those
+                                                     the rule kept (accepted past s); φ_0 = `flip_prior`; both counts
+                                                     forgotten at the calibration's pace δ_c, so that where flips stop
+                                                     coming φ drifts back toward φ_0 and a round now and then tests the
+                                                     window again
+
+and prices a round of k drafts by its expected accepted drafts E_k, drafts i ≤ j at their p̂ and later ones at p̄:
+
+    e(i) = p_i·(1 + e(i + 1)) + (1 − p_i)·φ·1[i + W ≤ k]·(W + e(i + W)),   e(k + 1) = 0,   E_k = e(1)
+
+(a kept mismatch at i comes with the W − 1 matches after it: W accepted drafts, then draft i + W is judged afresh),
+and drafts on while max_{j < m ≤ cap} E_m − E_j − R̃·(t̂(m) − t̂(j)) ≥ 0. With φ = 0, E_m − E_j is the exact rules'
+P_j·(p̄ + … + p̄^(m−j)). φ lumps the gate, the window's W − 1 matches and the kept mismatches after the first;
+measured on the reference pair (`benchmarks/results/fly-window-flips.md`: `fly`, γ = 16, the quick profile's 10
+prompts × 64 tokens) it is small, 13 of 80 first mismatches kept (0.16), from 1 of 19 on the writing prompt to 1 of 2
+on the coding one. Each decision then costs about 41 µs instead of 3 µs (E_m for every m up to the cap), against the
+230 µs of the entropy over the 152k-token vocabulary and a 110 ms draft step.
+
+Why it is off by default. Live with `tapout` over it (φ_0 = 0.5, 30 prompts × 64 tokens, modeled time, ratio to the
+best fixed length; `benchmarks/results/draft-length-fly-window-3-per-category.md`): 1.07 overall against 1.08
+without it, within 3% in 6 of 10 categories against 7; measured 1.33× plain against 1.40×. It gained where `fly`'s
+flips pay (reasoning 0.97 → 1.07, coding 0.95 → 1.00, math 0.97 → 1.00) and lost where γ = 3 wins (roleplay 1.10 →
+0.96, translation 1.13 → 0.97, stem 0.99 → 0.91): rounds of 7 or more drafts went from 7% to 18%, in every category
+alike (13–17% on writing, roleplay, stem and qa), because one `generate()` call of 64 tokens gives φ only a few
+trials to learn from, so the prior's optimism, not the text, sets how often a round tests the window.
+
+Worked example with a window (`flip_prior=0.5`, W = 2, φ = 0.5, cap 4, ρ = 0.2, R̃ = 2, p̄ = 0.9): drafts with
+p̂ = 0.99, 0.3, 0.95.
+    After draft 2 the exact pricing stops (P_2·p̄ = 0.267 < 0.4). Under the window: E_2 = 0.99·1.3 = 1.287; E_4:
+    e(4) = 0.9, e(3) = 1.71, e(2) = 0.3·2.71 + 0.7·0.5·(2 + 0.9) = 1.828, e(1) = 0.99·2.828 + 0.01·0.5·(2 + 1.71) =
+    2.818; m = 4 gains 2.818 − 1.287 − 2·0.2·2 = 0.731 ≥ 0 → keep drafting (m = 3 cannot keep draft 2: 2 + W > 3).
+    After draft 3: E_3 = 1.584, E_4 = 2.847, gain 0.863 → keep drafting: the round proposes 4 drafts.
 
 Measured (`benchmarks/results/replay-exact-3x128-*`, the reference pair's `exact` traces replayed with the
 reference CPU's fitted round time): 1.11× the best fixed γ's speed on the 30 prompts it was designed on and 1.13×
@@ -162,11 +202,13 @@ class CostAwareConfig(DraftLengthConfig):
             "range": POSITIVE,
         },
     )
-    flip_prior: float = field(
-        default=0.5,
+    flip_prior: float | None = field(
+        default=None,
         metadata={
-            "help": "φ before any round tested it: with a rule that has a deferred window (fly), the chance that a "
-            "first mismatch with W drafts after it in the round is kept; weight prior_strength",
+            "help": "with a rule that has a deferred window (fly): φ_0, the prior chance that a first mismatch with W "
+            "drafts after it in the round is kept (weight prior_strength), which turns on pricing the window; "
+            "None = price each draft by its own acceptance, as for the other rules (the default: measured faster "
+            "with tapout, see the module docstring)",
             "range": Range(0, 1),
         },
     )
@@ -226,8 +268,16 @@ class CostAwarePolicy(DraftLengthPolicy):
         m = self.config.prior_strength
         return (sum(self.accepted) + m * _NEXT_DRAFT_PRIOR) / (sum(self.tested) + m)
 
+    @property
+    def prices_window(self) -> bool:
+        """Whether rounds are priced under the rule's deferred window: the rule has one and `flip_prior` is set."""
+        return self.window is not None and self.config.flip_prior is not None
+
     def flip_probability(self) -> float:
-        """φ: the chance that the rule keeps a first mismatch that has W drafts after it in the round."""
+        """φ: the chance that the rule keeps a first mismatch that has W drafts after it in the round (0 when the
+        window is not priced)."""
+        if not self.prices_window:
+            return 0.0
         m = self.config.prior_strength
         return (self.flips + m * self.config.flip_prior) / (self.flip_trials + m)
 
@@ -306,7 +356,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_bins, self.round_acceptances = [], []
         self.survival = 1.0
         self.drafts_past_stop = 0
-        self.round_flip = self.flip_probability() if self.window is not None else 0.0
+        self.round_flip = self.flip_probability()
         # Only observe() changes the times, the rate and p̄: read them once per round, not once per drafted token.
         self.round_prices = {k: self.round_seconds(k) for k in range(1, self.config.max_tokens + 1)}
         self.round_rate, self.round_next_acceptance = self.running_rate(), self.next_draft_acceptance()
@@ -321,7 +371,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_acceptances.append(acceptance)
         self.survival *= acceptance
         # Under a window the flips are worth pricing only when a round can hold one (W + 1 drafts).
-        windowed = self.window is not None and self.round_flip > 0 and self.window < self.config.max_tokens
+        windowed = self.round_flip > 0 and self.window < self.config.max_tokens
         gain = self.window_drafting_gain(num_drafted) if windowed else self.drafting_gain(num_drafted)
         if self.drafts_past_stop == 0 and gain >= 0:
             return True
@@ -335,10 +385,12 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.window = window
 
     def observe(self, outcome: RoundOutcome) -> None:
-        k, n, matched = outcome.num_drafted, outcome.num_accepted, outcome.matched
-        # Drafts 1..s passed the rule's own test and draft s + 1 failed it (s = n for a rule without a window);
-        # later ones were tested after a mismatch, or not at all, so they say nothing of p̂. The last draft of a
-        # round is not seen by keep_drafting (nothing is decided after it), so round_bins may stop short of k.
+        k, n = outcome.num_drafted, outcome.num_accepted
+        # Pricing the window, p̂ is a draft's chance to pass the rule's own test: drafts 1..s passed it and draft
+        # s + 1 failed it. Otherwise p̂ is its chance to be accepted, s = n. Later drafts were tested after a
+        # mismatch, or not at all, so they say nothing of p̂. The last draft of a round is not seen by keep_drafting
+        # (nothing is decided after it), so round_bins may stop short of k.
+        matched = outcome.matched if self.prices_window else n
         tested = self.round_bins[: matched + 1]
         forget = self.config.calibration_discount ** len(tested)
         self.accepted = [a * forget for a in self.accepted]
@@ -348,7 +400,7 @@ class CostAwarePolicy(DraftLengthPolicy):
             self.accepted[bin_index] += float(position <= matched)
         # A first mismatch (draft s + 1) with W drafts after it tests φ: kept if the round accepted past it. φ is
         # forgotten at the calibration's pace, so both follow the text alike.
-        if self.window is not None:
+        if self.prices_window:
             self.flips *= forget
             self.flip_trials *= forget
             if matched + 1 + self.window <= k:

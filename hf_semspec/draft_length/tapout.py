@@ -65,7 +65,8 @@ rounds drafted 7 or more, 28 of its 30 outputs equal plain decoding's; 1.08 of t
 (`heuristic` 0.96), within 3% in 7 of 10 categories, short in coding (0.95) and math_reasoning (0.93), where γ = 8
 lets `fly` flip, and in reasoning (0.969, best γ = 3). A third arm `constant` (γ = 15 with `fly`) did not help on
 the same prompts: modeled 0.98 (4 of 10), measured a tie; it gained in code and math and lost where γ = 3 wins,
-since the bandit learns one arm for every prompt.
+since the bandit learns one arm for every prompt. Nor did `cost_aware` pricing `fly`'s window (`flip_prior=0.5`,
+see cost_aware.py): 1.07 (6 of 10), measured 1.33× plain against 1.40×, with the same gains and losses.
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes

@@ -1,0 +1,106 @@
+"""How often `fly` keeps a mismatch that its deferred window could keep: φ, the rate `cost_aware` learns.
+
+    python benchmarks/window_flips.py                     # γ = 16, the quick profile's 10 prompts x 64 tokens, ~6 min
+    python benchmarks/window_flips.py --gamma 8 --prompts-per-category 2 --skip-per-category 1
+
+Reference pair (target fp32, draft bf16), greedy, `fly` with its default options and a fixed γ (long enough for the
+window W to fit after most mismatches). For every round the decoding loop reports k (drafted), n (accepted) and s
+(`RoundOutcome.num_matched`: drafts before the first that failed Δ). A round whose first mismatch has W drafts after
+it (s + 1 + W ≤ k) is a *trial*; the rule *kept* it when n > s. φ = kept / trials, per category and overall. Written
+to `benchmarks/results/<name>.json` (every round) and `.md` (the table).
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MKL_CBWR", "AUTO")  # before torch, as in run.py
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+import hf_semspec  # noqa: E402
+from benchmarks import data  # noqa: E402
+from benchmarks.models import load_pair  # noqa: E402
+from hf_semspec.draft_length import RoundOutcome  # noqa: E402
+from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy  # noqa: E402
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+class RecordingConstant(ConstantPolicy):
+    """`constant` that keeps every round's outcome and the rule's window."""
+
+    def __init__(self, config: ConstantConfig):
+        super().__init__(config)
+        self.window: int | None = None
+        self.rounds: list[dict] = []
+
+    def set_deferred_window(self, window: int | None) -> None:
+        self.window = window
+
+    def observe(self, outcome: RoundOutcome) -> None:
+        self.rounds.append({"k": outcome.num_drafted, "n": outcome.num_accepted, "s": outcome.matched})
+
+
+def trials_and_kept(rounds: list[dict], window: int) -> tuple[int, int]:
+    """(first mismatches with `window` drafts after them in the round, those the rule kept)."""
+    trials = [r for r in rounds if r["s"] + 1 + window <= r["k"]]
+    return len(trials), sum(r["n"] > r["s"] for r in trials)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gamma", type=int, default=16, help="fixed draft length (default 16)")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts-per-category", type=int, default=1)
+    parser.add_argument("--skip-per-category", type=int, default=0, help="held-out prompts, as in run.py")
+    parser.add_argument("--max-prompt-chars", type=int, default=300, help="the quick profile's cap")
+    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--name", default="fly-window-flips")
+    args = parser.parse_args(argv)
+
+    pool = data.load_question_prompts(args.data_dir / data.SPECBENCH_FILE, args.max_new_tokens)
+    pool, _ = data.drop_long(pool, args.max_prompt_chars)
+    prompts = data.select_balanced(pool, args.prompts_per_category, "shortest", args.skip_per_category)
+    pair = load_pair("qwen")
+    hf_semspec.attach(pair.target)
+    records = []
+    for prompt in prompts:
+        policy = RecordingConstant(ConstantConfig(num_tokens=args.gamma))
+        start = time.perf_counter()
+        pair.target.generate(**pair.encode(prompt.text), assistant_model=pair.draft, acceptance="fly",
+                             draft_length=policy, max_new_tokens=args.max_new_tokens, do_sample=False)
+        trials, kept = trials_and_kept(policy.rounds, policy.window)
+        print(f"{prompt.category:15s} {prompt.prompt_id}: {len(policy.rounds)} rounds, {trials} trials, {kept} kept "
+              f"({time.perf_counter() - start:.0f} s)", flush=True)
+        records.append({"prompt_id": prompt.prompt_id, "category": prompt.category, "window": policy.window,
+                        "rounds": policy.rounds, "trials": trials, "kept": kept})
+
+    lines = [f"# `fly`'s kept mismatches (φ): γ = {args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens",
+             "", "| category | rounds | trials | kept | φ |", "| --- | --- | --- | --- | --- |"]
+    for category in data.categories_in_order(prompts) + ["all"]:
+        chosen = [r for r in records if category in ("all", r["category"])]
+        trials, kept = sum(r["trials"] for r in chosen), sum(r["kept"] for r in chosen)
+        rate = f"{kept / trials:.2f}" if trials else "–"
+        lines.append(f"| {category} | {sum(len(r['rounds']) for r in chosen)} | {trials} | {kept} | {rate} |")
+    RESULTS_DIR.mkdir(exist_ok=True)
+    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    (RESULTS_DIR / f"{args.name}.json").write_text(
+        json.dumps({"config": config, "torch": torch.__version__, "records": records}, indent=1) + "\n")
+    (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -98,8 +98,9 @@ best fixed length; `benchmarks/results/draft-length-fly-window-3-per-category.md
 without it, within 3% in 6 of 10 categories against 7; measured 1.33× plain against 1.40×. It gained where `fly`'s
 flips pay (reasoning 0.97 → 1.07, coding 0.95 → 1.00, math 0.97 → 1.00) and lost where γ = 3 wins (roleplay 1.10 →
 0.96, translation 1.13 → 0.97, stem 0.99 → 0.91): rounds of 7 or more drafts went from 7% to 18%, in every category
-alike (13–17% on writing, roleplay, stem and qa), because one `generate()` call of 64 tokens gives φ only a few
-trials to learn from, so the prior's optimism, not the text, sets how often a round tests the window.
+alike (13–17% on writing, roleplay, stem and qa). φ is one number: the benchmark's policy instance learns it across
+its prompts, which alternate categories, its memory (δ_c) spans a few prompts, and where flips stop coming it drifts
+back toward the prior 0.5; so it does not follow the category, as tapout's bandit does not (see tapout.py).
 
 Worked example with a window (`flip_prior=0.5`, W = 2, φ = 0.5, cap 4, ρ = 0.2, R̃ = 2, p̄ = 0.9): drafts with
 p̂ = 0.99, 0.3, 0.95.

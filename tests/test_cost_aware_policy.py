@@ -344,28 +344,42 @@ def test_window_learns_the_flip_rate_and_calibrates_on_the_own_test():
     assert policy.flip_trials == pytest.approx(1.5 * 0.25)
 
 
+def simulate_unsure_drafts(
+    window: int | None, accepted_of: Callable, rounds: int, **options
+) -> tuple[CostAwarePolicy, list[int]]:
+    """Rounds of sure drafts (bin 0, always pass Δ) and unsure ones (bin 7, one in five, never pass it), up to 12 per
+    round, told `window` as a rule would; `accepted_of(rng, kinds, drafted, matched)` is the rule's accepted count.
+    Returns the policy (cost_ratio 0.1, cap 12, `options`) and each round's length."""
+    rng = random.Random(0)
+    policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12, **options))
+    policy.set_deferred_window(window)
+    lengths = []
+    for _ in range(rounds):
+        kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
+        drafted = draft_round(policy, lambda j: Q_BIN[kinds[j - 1]], limit=12)
+        matched = next((i for i, kind in enumerate(kinds[:drafted]) if kind == 7), drafted)
+        accepted = accepted_of(rng, kinds, drafted, matched)
+        # A rule without a window reports no num_matched.
+        policy.observe(RoundOutcome(drafted, accepted, 1.0, num_matched=matched if window else None))
+        lengths.append(drafted)
+    return policy, lengths
+
+
 def test_window_rounds_reach_past_an_unsure_draft_while_flips_pay_and_not_after():
-    # Sure drafts (bin 0) pass Δ always, unsure ones (bin 7) never; the rule keeps a failed draft that has W = 3
-    # drafts after it, the next two sure, with probability `flip_rate`. Priced as exact (no window), a round stops
-    # right after an unsure draft; with flips that pay, it drafts on to give the draft its window; where flips never
-    # come, it learns so and drafts about as the exact pricing does.
+    # The rule keeps a failed draft that has W = 3 drafts after it, the next two sure, with probability `flip_rate`.
+    # Priced as exact (no window), a round stops right after an unsure draft; with flips that pay, it drafts on to
+    # give the draft its window; where flips never come, it learns so and drafts about as the exact pricing does.
     def run(flip_rate: float, window: int | None = 3) -> tuple[CostAwarePolicy, list[int]]:
-        rng = random.Random(0)
-        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12, flip_prior=0.5))
-        policy.set_deferred_window(window)
-        lengths = []
-        for _ in range(300):
-            kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
-            drafted = draft_round(policy, lambda j: Q_BIN[kinds[j - 1]], limit=12)
-            matched = next((i for i, kind in enumerate(kinds[:drafted]) if kind == 7), drafted)
+        def accepted_of(rng, kinds, drafted, matched):
             accepted = matched
             while (accepted + 3 < drafted and kinds[accepted] == 7 and kinds[accepted + 1: accepted + 3] == [0, 0]
                    and rng.random() < flip_rate):
                 accepted += 3
                 while accepted < drafted and kinds[accepted] == 0:
                     accepted += 1
-            policy.observe(RoundOutcome(drafted, accepted, 1.0, num_matched=matched))
-            lengths.append(drafted)
+            return accepted
+
+        policy, lengths = simulate_unsure_drafts(window, accepted_of, rounds=300, flip_prior=0.5)
         return policy, lengths[100:]
 
     paying, paying_lengths = run(flip_rate=0.9)
@@ -384,23 +398,11 @@ def test_window_rounds_reach_past_an_unsure_draft_while_flips_pay_and_not_after(
 def test_without_flip_prior_a_window_changes_nothing():
     # The default (flip_prior=None): under fly's window the policy drafts and learns as it does for exact, from the
     # rule's accepted count, whatever num_matched says.
-    def lengths(window: int | None) -> tuple[CostAwarePolicy, list[int]]:
-        rng = random.Random(0)
-        policy = CostAwarePolicy(CostAwareConfig(cost_ratio=0.1, max_tokens=12))
-        policy.set_deferred_window(window)
-        drafted_lengths = []
-        for _ in range(200):
-            kinds = [7 if rng.random() < 0.2 else 0 for _ in range(12)]
-            drafted = draft_round(policy, lambda j: Q_BIN[kinds[j - 1]], limit=12)
-            matched = next((i for i, kind in enumerate(kinds[:drafted]) if kind == 7), drafted)
-            accepted = drafted if rng.random() < 0.5 else matched  # the window kept the mismatch half the time
-            # A rule without a window reports no num_matched.
-            policy.observe(RoundOutcome(drafted, accepted, 1.0, num_matched=matched if window else None))
-            drafted_lengths.append(drafted)
-        return policy, drafted_lengths
+    def half_kept(rng, kinds, drafted, matched):
+        return drafted if rng.random() < 0.5 else matched  # the window kept the mismatch half the time
 
-    unpriced, unpriced_lengths = lengths(6)
-    plain, plain_lengths = lengths(None)
+    unpriced, unpriced_lengths = simulate_unsure_drafts(6, half_kept, rounds=200)
+    plain, plain_lengths = simulate_unsure_drafts(None, half_kept, rounds=200)
     assert unpriced_lengths == plain_lengths and unpriced.accepted == plain.accepted
     assert not unpriced.prices_window and unpriced.flip_probability() == 0.0 and unpriced.flip_trials == 0.0
     assert len(set(plain_lengths)) > 1  # the stream does move the lengths

@@ -4,7 +4,10 @@ A round of speculative decoding drafts γ tokens x̂_1..x̂_γ, runs the target 
 drafts to keep. Following vLLM's v0 rejection sampler, the work is split so that a rule only decides:
 
 - `accept()`: a per-position verdict, `(batch, γ)` booleans (a rule may look ahead, e.g. FLy's deferred window);
-- `rejection_token()`: what to emit at the first rejected position (default: the target's own token there).
+- `rejection_token()`: what to emit at the first rejected position (default: the target's own token there);
+- `deferred_window` and `own_test()`, only for a rule that keeps a draft on the evidence of the drafts after it
+  (FLy): W, and each draft's own test, which the round reports (`num_matched`) so that a draft-length policy can
+  price rounds long enough for the window.
 
 `AcceptanceRule.verify()` owns everything else: the cut at the first rejection, the bonus token from the target when
 all γ drafts are accepted, and the counters. Verification is a pure function of tensors — no model call — so every

@@ -101,6 +101,9 @@ flips pay (reasoning 0.97 → 1.07, coding 0.95 → 1.00, math 0.97 → 1.00) an
 alike (13–17% on writing, roleplay, stem and qa). φ is one number: the benchmark's policy instance learns it across
 its prompts, which alternate categories, its memory (δ_c) spans a few prompts, and where flips stop coming it drifts
 back toward the prior 0.5; so it does not follow the category, as tapout's bandit does not (see tapout.py).
+`cost_aware(flip_prior=0.5)` alone on the same prompts (`draft-length-fly-window-cost-aware-3-per-category.md`):
+1.07 (7 of 10), short in math 0.93, roleplay 0.95 and stem 0.90 instead; measured 1.34×; 32% of its rounds drafted 7
+or more.
 
 Worked example with a window (`flip_prior=0.5`, W = 2, φ = 0.5, cap 4, ρ = 0.2, R̃ = 2, p̄ = 0.9): drafts with
 p̂ = 0.99, 0.3, 0.95.

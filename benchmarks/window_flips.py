@@ -33,8 +33,7 @@ from benchmarks.models import load_pair  # noqa: E402
 from hf_semspec.draft_length import RoundOutcome  # noqa: E402
 from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy  # noqa: E402
 
-RESULTS_DIR = Path(__file__).resolve().parent / "results"
-DEFAULT_DATA_DIR = Path(__file__).resolve().parents[2] / "shared" / "data"
+RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
 
 
 class RecordingConstant(ConstantPolicy):
@@ -43,19 +42,19 @@ class RecordingConstant(ConstantPolicy):
     def __init__(self, config: ConstantConfig):
         super().__init__(config)
         self.window: int | None = None
-        self.rounds: list[dict] = []
+        self.rounds: list[RoundOutcome] = []
 
     def set_deferred_window(self, window: int | None) -> None:
         self.window = window
 
     def observe(self, outcome: RoundOutcome) -> None:
-        self.rounds.append({"k": outcome.num_drafted, "n": outcome.num_accepted, "s": outcome.matched})
+        self.rounds.append(outcome)
 
 
-def trials_and_kept(rounds: list[dict], window: int) -> tuple[int, int]:
+def trials_and_kept(rounds: list[RoundOutcome], window: int) -> tuple[int, int]:
     """(first mismatches with `window` drafts after them in the round, those the rule kept)."""
-    trials = [r for r in rounds if r["s"] + 1 + window <= r["k"]]
-    return len(trials), sum(r["n"] > r["s"] for r in trials)
+    trials = [r for r in rounds if r.tested_window(window)]
+    return len(trials), sum(r.num_accepted > r.matched for r in trials)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--prompts-per-category", type=int, default=1)
     parser.add_argument("--skip-per-category", type=int, default=0, help="held-out prompts, as in run.py")
     parser.add_argument("--max-prompt-chars", type=int, default=300, help="the quick profile's cap")
-    parser.add_argument("--data-dir", type=Path, default=DEFAULT_DATA_DIR)
+    parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--name", default="fly-window-flips")
     args = parser.parse_args(argv)
 
@@ -84,7 +83,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{prompt.category:15s} {prompt.prompt_id}: {len(policy.rounds)} rounds, {trials} trials, {kept} kept "
               f"({time.perf_counter() - start:.0f} s)", flush=True)
         records.append({"prompt_id": prompt.prompt_id, "category": prompt.category, "window": policy.window,
-                        "rounds": policy.rounds, "trials": trials, "kept": kept})
+                        "rounds": [{"k": r.num_drafted, "n": r.num_accepted, "s": r.matched} for r in policy.rounds],
+                        "trials": trials, "kept": kept})
 
     lines = [f"# `fly`'s kept mismatches (φ): γ = {args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens",
              "", "| category | rounds | trials | kept | φ |", "| --- | --- | --- | --- | --- |"]

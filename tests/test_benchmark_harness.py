@@ -958,12 +958,13 @@ def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_pa
 
 def test_window_flips_counts_first_mismatches_with_a_full_window():
     from benchmarks.window_flips import trials_and_kept
+    from hf_semspec.draft_length import RoundOutcome
 
     rounds = [
-        {"k": 16, "n": 16, "s": 16},  # no mismatch: no trial
-        {"k": 16, "n": 12, "s": 2},  # draft 3 failed Δ, 13 drafts after it, kept
-        {"k": 16, "n": 9, "s": 9},  # draft 10 failed, 6 drafts after it (W = 6): a trial, not kept
-        {"k": 16, "n": 10, "s": 10},  # draft 11 failed, only 5 after it: no trial
+        RoundOutcome(16, 16, 1.0, num_matched=16),  # no mismatch: no trial
+        RoundOutcome(16, 12, 1.0, num_matched=2),  # draft 3 failed Δ, 13 drafts after it, kept
+        RoundOutcome(16, 9, 1.0, num_matched=9),  # draft 10 failed, 6 drafts after it (W = 6): a trial, not kept
+        RoundOutcome(16, 10, 1.0, num_matched=10),  # draft 11 failed, only 5 after it: no trial
     ]
     assert trials_and_kept(rounds, window=6) == (2, 1)
     assert trials_and_kept(rounds, window=7) == (1, 1)

@@ -82,6 +82,11 @@ class RoundOutcome:
         for a rule that judges each draft alone."""
         return self.num_accepted if self.num_matched is None else self.num_matched
 
+    def tested_window(self, window: int) -> bool:
+        """Whether the first draft that failed the rule's own test had `window` drafts after it in the round, so a
+        deferred window of that size could keep it; it did if `num_accepted > matched`."""
+        return self.matched + 1 + window <= self.num_drafted
+
 
 class DraftLengthPolicy(ABC):
     """Base of every draft-length policy.

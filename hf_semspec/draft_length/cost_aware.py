@@ -360,7 +360,9 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.round_bins, self.round_acceptances = [], []
         self.survival = 1.0
         self.drafts_past_stop = 0
-        self.round_flip = self.flip_probability()
+        # Under a window the flips are worth pricing only when a round can hold one (W + 1 drafts).
+        holds_window = self.prices_window and self.window < self.config.max_tokens
+        self.round_flip = self.flip_probability() if holds_window else 0.0
         # Only observe() changes the times, the rate and p̄: read them once per round, not once per drafted token.
         self.round_prices = {k: self.round_seconds(k) for k in range(1, self.config.max_tokens + 1)}
         self.round_rate, self.round_next_acceptance = self.running_rate(), self.next_draft_acceptance()
@@ -374,9 +376,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         acceptance = self.acceptance(bin_index)
         self.round_acceptances.append(acceptance)
         self.survival *= acceptance
-        # Under a window the flips are worth pricing only when a round can hold one (W + 1 drafts).
-        windowed = self.round_flip > 0 and self.window < self.config.max_tokens
-        gain = self.window_drafting_gain(num_drafted) if windowed else self.drafting_gain(num_drafted)
+        gain = self.window_drafting_gain(num_drafted) if self.round_flip > 0 else self.drafting_gain(num_drafted)
         if self.drafts_past_stop == 0 and gain >= 0:
             return True
         # The rule weighed stopping now against every longer round, so its stop is final; an exploration round goes on.
@@ -407,7 +407,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         if self.prices_window:
             self.flips *= forget
             self.flip_trials *= forget
-            if matched + 1 + self.window <= k:
+            if outcome.tested_window(self.window):
                 self.flips += float(n > matched)
                 self.flip_trials += 1.0
         self.round_bins, self.round_acceptances = [], []

@@ -52,7 +52,7 @@ from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.tapout import TapOutPolicy
 from hf_semspec.rules import RULES
 
-from . import data, methods, metrics, models, report
+from . import data, methods, metrics, models, report, resolution
 
 
 def accepted_runs(draft_predictions: list[int], tokens: list[int]) -> list[int]:
@@ -246,6 +246,7 @@ def render(results: dict) -> str:
     lines += ["", "## Modeled tokens/s: best fixed length vs the policies", "",
               "In brackets, the ratio to the best `constant` length in the row.", ""]
     lines += report._policy_tables(results["methods"], values, " tok/s")
+    lines += resolution.section(results["methods"], results["records"], costs, heading="##")
     if len(seeds) > 1:
         fixed = {m["name"] for m in results["methods"] if m["draft_length"] == "constant"}
         lines += ["", f"Overall modeled tokens/s over the {len(seeds)} seeds (the fixed lengths do not depend on them):",

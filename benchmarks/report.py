@@ -14,7 +14,7 @@ import transformers
 
 import hf_semspec
 
-from . import metrics
+from . import metrics, resolution
 from .data import REPO_ROOT
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -264,6 +264,7 @@ def draft_length_section(results: dict) -> list[str]:
         "to the best `constant` length in the row.", "",
     ]
     lines += _policy_tables(described, modeled, " tok/s")
+    lines += resolution.section(described, records, costs)
     return lines
 
 

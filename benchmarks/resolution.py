@@ -1,0 +1,218 @@
+"""What "within 3% of the best fixed length of each category" can tell with a few prompts per category.
+
+The draft-length tables (`report._policy_tables`) judge a policy by its ratio to the best fixed length of each
+category, and pick that length on the same prompts the policy is judged on. With three prompts a category, the pick
+is partly the prompts': a fixed length that wins on them need not win on the category's next prompt. This section
+puts three fixed-length references next to the policies, all priced by the run's cost model (modeled tokens/s, so no
+timing noise) and divided by the category's best fixed length, like the policies:
+
+- "tuned on the other prompts": for each prompt, the fixed length that is best on the category's *other* prompts
+  (leave one prompt out). A length tuned for the category, judged on a prompt it was not tuned on: how well a
+  per-category tuning transfers within the category. Needs two prompts or more.
+- "best overall": the one fixed length that is best over all prompts, the same for every category.
+- "each prompt's best": the best fixed length of each prompt, an oracle no fixed schedule reaches.
+
+Each policy's ratio comes with its standard error: with x_p = ln(policy_p / best_p) per prompt, the category's ratio
+is exp(mean x) (the ratio of the geometric means) and its standard error sd(x) / sqrt(n), which for small values is
+the relative error of the ratio. A 3% target needs that error well below 0.03.
+
+Why a separate table: the table above it stays the issue's measure; this one says how far that measure can be read.
+
+    python -m benchmarks.resolution RESULTS.json [MORE.json ...] --name NAME
+
+pools the records of results files of the same methods on different prompts (replays or runs), prices them at the
+first file's cost model and writes `benchmarks/results/NAME.md` and `NAME.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+from . import metrics
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+WITHIN = 0.97  # the issue's "within 3%"
+
+
+def per_prompt_values(records: list[dict], costs: dict) -> dict[str, dict[str, float]]:
+    """method → prompt → modeled tokens/s (geometric mean over a prompt's records, e.g. a replay's seeds)."""
+    grouped: dict[str, dict[str, list[float]]] = {}
+    for r in records:
+        grouped.setdefault(r["method"], {}).setdefault(r["prompt_id"], []).append(
+            metrics.modeled_tokens_per_s(r, costs))
+    return {method: {p: metrics.geometric_mean(v) for p, v in by_prompt.items()} for method, by_prompt in
+            grouped.items()}
+
+
+def log_ratio(policy: dict[str, float], reference: dict[str, float] | float, prompts: list[str]) -> tuple[float, float | None]:
+    """(exp(mean x), sd(x) / sqrt(n)) of x_p = ln(policy_p / reference_p) over `prompts`; the error is None for one
+    prompt. `reference` maps prompts to values (a per-prompt reference)."""
+    logs = [math.log(policy[p] / reference[p]) for p in prompts]
+    error = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
+    return math.exp(statistics.fmean(logs)), error
+
+
+def best_fixed(values: dict[str, dict[str, float]], fixed: list[str], prompts: list[str]) -> str:
+    """The fixed length with the largest geometric mean over `prompts` (the earlier in `fixed` on a tie)."""
+    return max(fixed, key=lambda m: (metrics.geometric_mean([values[m][p] for p in prompts]), -fixed.index(m)))
+
+
+def leave_one_out(values: dict[str, dict[str, float]], fixed: list[str], prompts: list[str]) -> dict[str, float] | None:
+    """prompt → modeled tokens/s of the fixed length best on the other `prompts` (None for fewer than two)."""
+    if len(prompts) < 2:
+        return None
+    return {p: values[best_fixed(values, fixed, [q for q in prompts if q != p])][p] for p in prompts}
+
+
+def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> list[dict]:
+    """One row per category (then "overall") for `rule`'s draft-length methods; empty without two fixed lengths or
+    without a category of two prompts.
+
+    A row: `label`, `prompts`, `best` (the best fixed method), `references` ({"tuned on the other prompts",
+    "best overall", "each prompt's best"} → ratio to the best, None where undefined) and `policies` (name →
+    (ratio, standard error)). Prompts where a fixed length did not run are left out."""
+    mine = [m for m in methods if m.get("draft_length") and m["rule"] == rule]
+    fixed = [m["name"] for m in mine if m["draft_length"] == "constant"]
+    policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
+    if len(fixed) < 2:
+        return []
+    values = per_prompt_values([r for r in records if r["method"] in fixed + policies], costs)
+    categories: dict[str, list[str]] = {}
+    for r in records:
+        if r["method"] in fixed and all(r["prompt_id"] in values[m] for m in fixed):
+            categories.setdefault(r["category"], [])
+            if r["prompt_id"] not in categories[r["category"]]:
+                categories[r["category"]].append(r["prompt_id"])
+    if all(len(prompts) < 2 for prompts in categories.values()):
+        return []  # one prompt a category: no leave-one-out, no error
+    all_prompts = [p for prompts in categories.values() for p in prompts]
+    overall_best = best_fixed(values, fixed, all_prompts)
+    tuned = {c: leave_one_out(values, fixed, prompts) for c, prompts in categories.items()}
+    out = []
+    for label, prompts in list(categories.items()) + [("overall", all_prompts)]:
+        best = best_fixed(values, fixed, prompts)
+        tuned_here = ({p: tuned[c][p] for c, ps in categories.items() if tuned[c] for p in ps}
+                      if label == "overall" else tuned[label])
+        covered = [p for p in prompts if tuned_here and p in tuned_here]
+        oracle = {p: max(values[m][p] for m in fixed) for p in prompts}
+        references = {
+            "tuned on the other prompts": log_ratio(tuned_here, values[best], covered)[0] if covered == prompts else None,
+            "best overall": log_ratio(values[overall_best], values[best], prompts)[0],
+            "each prompt's best": log_ratio(oracle, values[best], prompts)[0],
+        }
+        out.append({
+            "label": label, "prompts": len(prompts), "best": best, "overall_best": overall_best,
+            "references": references,
+            "policies": {n: log_ratio(values[n], values[best], [p for p in prompts if p in values[n]])
+                         for n in policies if any(p in values[n] for p in prompts)},
+        })
+    return out
+
+
+def _ratio(value: float | None, error: float | None = None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.2f}" if error is None else f"{value:.2f} ± {error:.2f}"
+
+
+def section(methods: list[dict], records: list[dict], costs: dict, heading: str = "###") -> list[str]:
+    """Markdown: per rule, the references and the policies' ratios with their standard errors (see the module
+    docstring); empty when no rule has two fixed lengths."""
+    lines: list[str] = []
+    for rule in dict.fromkeys(m["rule"] for m in methods if m.get("draft_length")):
+        table = rows(methods, records, costs, rule)
+        if not table:
+            continue
+        if not lines:
+            lines = [
+                f"{heading} How far the per-category comparison can be read (modeled decode time)", "",
+                "Each category's best fixed length is picked on the prompts it is judged on. References, as ratios to "
+                "it: *tuned on the other prompts*, for each prompt the fixed length best on the category's other "
+                "prompts (leave one out); *best overall*, the one fixed length best over all prompts; *each prompt's "
+                "best*, an oracle. ± is the standard error of a policy's ratio (sd of its per-prompt log ratios / "
+                "sqrt(n)); a 3% goal needs it well below 0.03. `benchmarks/resolution.py` explains.", "",
+            ]
+        overall = table[-1]
+        names = list(overall["policies"])
+        header = (["category", "prompts", "best fixed", "tuned on the other prompts",
+                   f"best overall (`{overall['overall_best'].split('/', 1)[1]}`)", "each prompt's best"]
+                  + [f"`{n.split('/', 1)[1]}`" for n in names])
+        body = [[row["label"], str(row["prompts"]), f"`{row['best'].split('/', 1)[1]}`"]
+                + [_ratio(v) for v in row["references"].values()]
+                + [_ratio(*row["policies"][n]) if n in row["policies"] else "–" for n in names] for row in table]
+        lines += [f"`{rule}`:", ""] + [f"| {' | '.join(r)} |" for r in [header, ["---"] * len(header)] + body] + [""]
+        categories, tuned = table[:-1], "tuned on the other prompts"
+
+        def count(label: str, pairs: list[tuple[float, float]]) -> str:
+            """`label k of n`: the pairs (value, reference ratio) with value >= 0.97 × reference."""
+            return f"{label} {sum(v >= WITHIN * ref for v, ref in pairs)} of {len(pairs)}"
+
+        to_best = [count(ref, [(row["references"][ref], 1.0) for row in categories
+                               if row["references"][ref] is not None]) for ref in overall["references"]]
+        to_best += [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], 1.0) for row in categories
+                                                      if n in row["policies"]]) for n in names]
+        to_tuned = [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], row["references"][tuned])
+                                                      for row in categories
+                                                      if n in row["policies"] and row["references"][tuned] is not None])
+                    for n in names]
+        errors = [row["policies"][n][1] for row in categories for n in names
+                  if n in row["policies"] and row["policies"][n][1] is not None]
+        lines.append(f"Categories within 3% of their best fixed length: {', '.join(to_best)}. Within 3% of the length "
+                     f"tuned on the other prompts: {', '.join(to_tuned)}."
+                     + (f" Median standard error of a policy's category ratio: {statistics.median(errors):.3f}."
+                        if errors else ""))
+        lines.append("")
+    return lines
+
+
+def pool(paths: list[Path]) -> tuple[list[dict], list[dict], dict]:
+    """(methods, records, costs) of results files with the same methods on different prompts, at the first file's
+    costs (its `costs`, a replay's, or its run's cost model)."""
+    files = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
+    first = files[0]
+    costs = first.get("costs") or metrics.run_cost_model(first)
+    names = [m["name"] for m in first["methods"]]
+    records, seen = [], set()
+    for path, results in zip(paths, files):
+        if [m["name"] for m in results["methods"]] != names:
+            raise ValueError(f"{path}: its methods {[m['name'] for m in results['methods']]} are not those of "
+                             f"{paths[0]} ({names}); pool results of the same methods")
+        prompts = {r["prompt_id"] for r in results["records"]}
+        if prompts & seen:
+            raise ValueError(f"{path}: prompts {sorted(prompts & seen)} are already in an earlier file; pool results "
+                             "on different prompts")
+        seen |= prompts
+        records += results["records"]
+    return first["methods"], records, costs
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("results", type=Path, nargs="+", help="results JSON files (benchmarks/run.py, merge.py or "
+                        "replay.py) of the same methods on different prompts")
+    parser.add_argument("--name", required=True, help="writes benchmarks/results/<name>.md and .json")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    methods, records, costs = pool(args.results)
+    rules = list(dict.fromkeys(m["rule"] for m in methods if m.get("draft_length")))
+    summary = {"sources": [str(p) for p in args.results], "costs": costs,
+               "rows": {rule: rows(methods, records, costs, rule) for rule in rules}}
+    prompts = len({r["prompt_id"] for r in records})
+    text = "\n".join([f"# Per-category resolution: {prompts} prompts from {len(args.results)} file(s)", "",
+                      f"Sources: {', '.join(f'`{p.name}`' for p in args.results)}; priced at "
+                      f"{costs['seconds_per_target_forward']:.3f} s per target forward and "
+                      f"{costs['seconds_per_draft_forward']:.3f} s per drafted token.", ""]
+                     + section(methods, records, costs, heading="##")) + "\n"
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{args.name}.md").write_text(text, encoding="utf-8")
+    (args.output_dir / f"{args.name}.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    print(text)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -1,11 +1,12 @@
-"""benchmarks/resolution.py: the fixed-length references and standard errors next to the draft-length tables."""
+"""How the draft-length comparisons are read: benchmarks/resolution.py (fixed-length references, standard errors)
+and benchmarks/verify_cost.py (pricing a generation by the lengths of its rounds)."""
 
 import json
 import math
 
 import pytest
 
-from benchmarks import report, resolution
+from benchmarks import anchored, report, resolution, verify_cost
 
 # Modeled tokens/s = 60 new tokens / F at 1 s per target forward and nothing per draft.
 COSTS = {"seconds_per_target_forward": 1.0, "seconds_per_draft_forward": 0.0}
@@ -103,3 +104,69 @@ def test_pool_writes_the_table_over_files_and_refuses_what_it_cannot_pool(tmp_pa
     other.write_text(json.dumps({**second, "methods": _methods()[:3]}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"other.json: its methods .* are not those of .*run0.json"):
         resolution.pool([paths[0], other])
+
+
+# benchmarks/verify_cost.py: pricing a generation by its rounds' lengths.
+
+
+def test_rounds_by_length_reads_the_per_position_counts():
+    # 5 rounds drafted position 1, 3 position 2, 3 position 3, 1 position 4: 2 rounds of k = 1, 2 of k = 3, 1 of
+    # k = 4; 6 target forwards, so one round drafted nothing.
+    record = {"target_forwards": 6, "draft_forwards": 12,
+              "acceptance_stats": {"drafted_per_position": [5, 3, 3, 1]}}
+    assert verify_cost.rounds_by_length(record) == {1: 2, 3: 2, 4: 1, 0: 1}
+    assert verify_cost.rounds_by_length({"target_forwards": 9, "acceptance_stats": None}) == {0: 9}  # plain
+    # 1·v(0) + 2·v(1) + 2·v(3) + 1·v(4) + 12 drafts · 0.1 = 0.5 + 1.2 + 1.4 + 0.8 + 1.2.
+    verify = {0: 0.5, 1: 0.6, 2: 0.9, 3: 0.7, 4: 0.8}
+    assert verify_cost.length_priced_seconds(record, verify, 0.1) == pytest.approx(5.1)
+    with pytest.raises(ValueError, match=r"no verify time measured for k = \[4\] \(measured up to 3\).*--max-k"):
+        verify_cost.length_priced_seconds(record, {k: v for k, v in verify.items() if k < 4}, 0.1)
+
+
+def test_reprice_ranks_by_the_per_length_cost():
+    # Two fixed lengths and a policy on one prompt, 60 new tokens each. By the line (1 s per forward, 0.1 per
+    # draft): constant:3 makes 20 rounds of 3 (26 s), constant:8 10 rounds of 8 (18 s), the policy 15 rounds of 2
+    # (18 s): the policy ties constant:8. By length, a 3-token forward (k = 2) costing 2 s and the others 1 s:
+    # constant:3 26 s, constant:8 18 s, the policy 15·2 + 3 = 33 s: 18 / 33 of the best.
+    def record(method, rounds, k):
+        return {"prompt_id": "p", "category": "c", "method": method, "new_tokens": 60, "target_forwards": rounds,
+                "draft_forwards": rounds * k, "acceptance_stats": {"drafted_per_position": [rounds] * k}}
+
+    results = {"methods": [{"name": n, "rule": "fly", "draft_length": n.split("/")[1].split(":")[0]}
+                           for n in ("semspec:fly/constant:3", "semspec:fly/constant:8", "semspec:fly/tapout")],
+               "records": [record("semspec:fly/constant:3", 20, 3), record("semspec:fly/constant:8", 10, 8),
+                           record("semspec:fly/tapout", 15, 2)],
+               "aggregates": {"cost_model": {"seconds_per_target_forward": 1.0, "seconds_per_draft_forward": 0.1}}}
+    verify = {k: 1.0 for k in range(9)} | {2: 2.0}
+    rows = verify_cost.reprice(results, verify, 0.1)["fly"]["rows"]
+    label, best_linear, best_length, ratios = rows[0]
+    assert (label, best_linear, best_length) == ("overall", "semspec:fly/constant:8", "semspec:fly/constant:8")
+    assert ratios["semspec:fly/tapout"] == pytest.approx((1.0, 18 / 33))
+
+
+# benchmarks/anchored.py: measured speed over an anchor of the same run.
+
+
+def test_over_anchor_divides_by_the_anchor_on_the_same_prompt_and_run(tmp_path):
+    def run(speeds):
+        return {"records": [{"prompt_id": p, "method": m, "tokens_per_s": v}
+                            for m, by_prompt in speeds.items() for p, v in by_prompt.items()]}
+
+    policy = "semspec:fly/cost_aware(flip_prior=0.5)"  # a name with "=" in it, as options give
+    first = run({"semspec:fly/constant:3": {"p1": 2.0, "p2": 4.0}, policy: {"p1": 3.0, "p2": 4.0}})
+    second = run({"semspec:fly/constant:3": {"p3": 1.0}, policy: {"p3": 1.5}})  # a slower machine
+    assert anchored.over_anchor(first, policy, "semspec:fly/constant:3") == {"p1": 1.5, "p2": 1.0}
+    with pytest.raises(ValueError, match=r"no records of 'semspec:fly/svip' in this run .*'semspec:fly/cost_aware"):
+        anchored.over_anchor(first, "semspec:fly/svip", "semspec:fly/constant:3")
+    paths = [tmp_path / "a.json", tmp_path / "b.json"]
+    for path, results in zip(paths, (first, second)):
+        path.write_text(json.dumps(results), encoding="utf-8")
+    summary = anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "anchored", "--output-dir",
+                             str(tmp_path), "--runs", f"cost_aware(flip_prior=0.5)@abc1234={paths[0]},{paths[1]}"])
+    entry = summary["methods"]["cost_aware(flip_prior=0.5)@abc1234"]
+    assert entry["method"] == policy
+    # Over all three prompts: (1.5 · 1.0 · 1.5)^(1/3).
+    assert entry["prompts"] == 3 and entry["geomean"] == pytest.approx(2.25 ** (1 / 3))
+    assert "| `cost_aware(flip_prior=0.5)@abc1234` | 1.225 (2) / 1.500 (1) | 1.310 (3) |" in (tmp_path / "anchored.md").read_text()
+    with pytest.raises(ValueError, match=r"--runs: got 'tapout'; expected LABEL=FILE"):
+        anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--runs", "tapout"])

@@ -1,0 +1,80 @@
+"""Measured speed of methods that ran in different runs, each over an anchor measured in the same run.
+
+    python -m benchmarks.anchored --anchor semspec:fly/constant:3 --name NAME \\
+        --runs "tapout=RUN_A.json,RUN_B.json" "tapout@491e890=RUN_C.json,RUN_D.json"
+
+Why: a merged or pooled report (`benchmarks/merge.py`) shows each method's measured speed-up against its own run's
+plain decoding, and the machine moves between runs: on the reference CPU the draft step cost 0.23 to 0.30 of a target
+step from one run to the next, and `fly` with γ = 3, the same target forwards and drafts in every run, measured 1.18×
+to 1.45× plain. So the measured speed-ups of methods from different runs are not comparable. Within a run the methods
+are interleaved per prompt, so the method's tokens/s over the anchor's on the same prompt, in the same run, is.
+
+For each entry LABEL=FILE[,FILE...] (the method is LABEL's part before '@', prefixed with the anchor's rule): the
+geometric mean over the files' prompts of method tokens/s / anchor tokens/s, per file and over all of them. Written to
+`benchmarks/results/<name>.md` and `.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from . import metrics
+
+RESULTS_DIR = Path(__file__).resolve().parent / "results"
+
+
+def over_anchor(results: dict, method: str, anchor: str) -> dict[str, float]:
+    """prompt → the method's measured tokens/s over the anchor's on that prompt, in this run."""
+    speeds: dict[str, dict[str, float]] = {}
+    for r in results["records"]:
+        if r["method"] in (method, anchor):
+            speeds.setdefault(r["method"], {})[r["prompt_id"]] = r["tokens_per_s"]
+    for name in (method, anchor):
+        if name not in speeds:
+            measured = sorted({r["method"] for r in results["records"]})
+            raise ValueError(f"no records of {name!r} in this run (its methods: {measured}); name a method and an "
+                             "anchor that both ran in it")
+    return {p: speed / speeds[anchor][p] for p, speed in speeds[method].items() if p in speeds[anchor]}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--anchor", required=True, help="a method every run measured with the same forwards")
+    parser.add_argument("--runs", nargs="+", required=True, help="LABEL=FILE[,FILE...]: the method (LABEL before "
+                        "'@', with the anchor's rule) and the runs it was measured in")
+    parser.add_argument("--name", required=True)
+    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR)
+    args = parser.parse_args(argv)
+    rule = args.anchor.split("/", 1)[0]
+    rows, summary = [], {"anchor": args.anchor, "methods": {}}
+    for entry in args.runs:
+        label, equals, files = entry.rpartition("=")  # a label may hold "=" (options), the files do not
+        if not equals or not files:
+            raise ValueError(f"--runs: got {entry!r}; expected LABEL=FILE[,FILE...], e.g. "
+                             "tapout=benchmarks/results/draft-length-fly-held-out.json")
+        method = f"{rule}/{label.split('@', 1)[0]}"
+        per_file = {}
+        for name in files.split(","):
+            per_file[Path(name).name] = over_anchor(json.loads(Path(name).read_text(encoding="utf-8")), method,
+                                                    args.anchor)
+        pooled = [v for ratios in per_file.values() for v in ratios.values()]
+        summary["methods"][label] = {"method": method, "per_file": per_file,
+                                     "geomean": metrics.geometric_mean(pooled), "prompts": len(pooled)}
+        cells = [f"{metrics.geometric_mean(list(r.values())):.3f} ({len(r)})" for r in per_file.values()]
+        rows.append(f"| `{label}` | {' / '.join(cells)} | {metrics.geometric_mean(pooled):.3f} ({len(pooled)}) |")
+    text = "\n".join([
+        f"# Measured tokens/s over `{args.anchor.split('/', 1)[1]}` in the same run", "",
+        "Geometric mean over prompts of the method's measured tokens/s over the anchor's on the same prompt in the "
+        "same run (in brackets, prompts); per run, then over all. `benchmarks/anchored.py` explains.", "",
+        "| method | per run | all |", "| --- | --- | --- |", *rows]) + "\n"
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    (args.output_dir / f"{args.name}.md").write_text(text, encoding="utf-8")
+    (args.output_dir / f"{args.name}.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    print(text)
+    return summary
+
+
+if __name__ == "__main__":
+    main()

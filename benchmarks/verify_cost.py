@@ -1,0 +1,194 @@
+"""What a round costs at each draft length on this machine, and what the draft-length tables look like priced by it.
+
+    python -m benchmarks.verify_cost                        # k = 0..40, 5 repeats, ~5 min
+    python -m benchmarks.verify_cost --reprice benchmarks/results/draft-length-fly-window-3-per-category.json
+
+Why: the draft-length reports price a generation by a line, a·F + b·D (target forwards F, drafted tokens D;
+`metrics.fit_round_costs`). A round drafting k tokens then costs a + b·k. But the target's verify forward over k + 1
+tokens is not linear in k on a CPU (MKL picks its kernels by shape), so a policy whose rounds are longer or shorter
+than the sweep's average can be priced wrong, and its measured speed-up can differ from the modeled one.
+
+What it measures (reference pair, target fp32, draft bf16, greedy-free: only forwards): the prompt of the quick
+profile's first prompt is prefilled into a `DynamicCache`; then, in `--repeats` passes over the lengths in a rotating
+order, the target's forward over k + 1 new tokens (the verify of k drafts) and the draft's one-token forward (a draft
+step) are timed, and the cache is cropped back after each. Per k: the median v(k); the draft step d is the median
+over all its timings.
+
+With `--reprice FILE.json`, every generation of that report is priced again as Σ_k n_k·v(k) + D·d, n_k being its
+rounds that drafted k (from `acceptance_stats.drafted_per_position`; plain's forwards are k = 0), and the report's
+draft-length comparison (ratio of each policy to the best fixed length, geometric means over prompts) is shown
+under both pricings. Written to `benchmarks/results/<name>.json` and `.md`.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("MKL_CBWR", "AUTO")  # before torch, as in run.py
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import statistics  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+if __package__ in (None, ""):  # run as a script: make `benchmarks` importable from the repository root
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+
+from benchmarks import data, metrics  # noqa: E402
+
+RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
+
+
+def rounds_by_length(record: dict) -> dict[int, int]:
+    """k → rounds of the generation that drafted k tokens; plain decoding's forwards are rounds of k = 0.
+
+    `drafted_per_position[i]` counts the rounds that drafted position i + 1, so the rounds that drafted exactly k are
+    its (k − 1)-th entry minus its k-th, and the rounds that drafted nothing are the target forwards left over."""
+    stats = record.get("acceptance_stats")
+    if not stats:
+        return {0: record["target_forwards"]}
+    drafted = list(stats["drafted_per_position"]) + [0]
+    rounds = {k: drafted[k - 1] - drafted[k] for k in range(1, len(drafted)) if drafted[k - 1] > drafted[k]}
+    if record["target_forwards"] > drafted[0]:
+        rounds[0] = record["target_forwards"] - drafted[0]
+    return rounds
+
+
+def length_priced_seconds(record: dict, verify_seconds: dict[int, float], draft_step: float) -> float:
+    """Σ_k n_k·v(k) + D·d: the generation's decode time at the measured per-length verify costs."""
+    missing = [k for k in rounds_by_length(record) if k not in verify_seconds]
+    if missing:
+        raise ValueError(f"no verify time measured for k = {missing} (measured up to {max(verify_seconds)}); "
+                         "rerun with a larger --max-k")
+    return (sum(n * verify_seconds[k] for k, n in rounds_by_length(record).items())
+            + record["draft_forwards"] * draft_step)
+
+
+def reprice(results: dict, verify_seconds: dict[int, float], draft_step: float) -> dict[str, dict]:
+    """Per rule: {"rows": [(label, best_linear, best_length, {policy: (linear ratio, per-length ratio)})]}."""
+    costs = metrics.run_cost_model(results)
+    records = results["records"]
+    described = [m for m in results["methods"] if m.get("draft_length")]
+    out = {}
+    for rule in dict.fromkeys(m["rule"] for m in described):
+        fixed = [m["name"] for m in described if m["rule"] == rule and m["draft_length"] == "constant"]
+        policies = [m["name"] for m in described if m["rule"] == rule and m["draft_length"] != "constant"]
+        labels = ["overall"] + list(dict.fromkeys(r["category"] for r in records))
+        rows = []
+        for label in labels:
+            def speed(name: str, linear: bool) -> float:
+                mine = [r for r in records if r["method"] == name and label in ("overall", r["category"])]
+                return metrics.geometric_mean([
+                    metrics.modeled_tokens_per_s(r, costs) if linear
+                    else r["new_tokens"] / length_priced_seconds(r, verify_seconds, draft_step) for r in mine])
+            best_linear = max(fixed, key=lambda n: speed(n, True))
+            best_length = max(fixed, key=lambda n: speed(n, False))
+            rows.append((label, best_linear, best_length, {
+                n: (speed(n, True) / speed(best_linear, True), speed(n, False) / speed(best_length, False))
+                for n in policies}))
+        out[rule] = {"rows": rows}
+    return out
+
+
+def measure(max_k: int, repeats: int, data_dir: Path) -> tuple[dict[int, list[float]], list[float], int]:
+    """(k → verify seconds of each pass, draft-step seconds, cached prompt tokens) on the reference pair."""
+    from benchmarks.models import load_pair
+    from transformers import DynamicCache
+
+    pool = data.load_question_prompts(data_dir / data.SPECBENCH_FILE, 64)
+    pool, _ = data.drop_long(pool, 300)
+    prompt = data.select_balanced(pool, 1, "shortest", 0)[0]
+    pair = load_pair("qwen")
+    ids = pair.encode(prompt.text)["input_ids"]
+    length = ids.shape[1]
+    verify: dict[int, list[float]] = {k: [] for k in range(max_k + 1)}
+    draft_steps: list[float] = []
+    with torch.inference_mode():
+        target_cache, draft_cache = DynamicCache(), DynamicCache()
+        pair.target(input_ids=ids, past_key_values=target_cache, use_cache=True)
+        pair.draft(input_ids=ids, past_key_values=draft_cache, use_cache=True)
+        lengths = list(range(max_k + 1))
+        for repeat in range(repeats):
+            shift = repeat * len(lengths) // repeats  # each pass starts elsewhere, so no length always runs first
+            for k in lengths[shift:] + lengths[:shift]:
+                new = ids[:, -(k + 1):] if k + 1 <= length else ids[:, :1].repeat(1, k + 1)
+                start = time.perf_counter()
+                pair.target(input_ids=new, past_key_values=target_cache, use_cache=True)
+                verify[k].append(time.perf_counter() - start)
+                target_cache.crop(-(k + 1))  # a negative count: the tokens to remove (as decoding.py does)
+                start = time.perf_counter()
+                pair.draft(input_ids=ids[:, -1:], past_key_values=draft_cache, use_cache=True)
+                draft_steps.append(time.perf_counter() - start)
+                draft_cache.crop(-1)
+            print(f"pass {repeat + 1}/{repeats}: v(0) {verify[0][-1]:.3f} s, v({max_k}) {verify[max_k][-1]:.3f} s",
+                  flush=True)
+    return verify, draft_steps, length
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--max-k", type=int, default=40, help="longest draft measured (a forward over k + 1 tokens)")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, as in run.py")
+    parser.add_argument("--reprice", type=Path, nargs="*", default=[], help="draft-length reports to price again")
+    parser.add_argument("--measured", type=Path, default=None, help="reuse the measurement of an earlier JSON")
+    parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
+    parser.add_argument("--name", default="verify-cost")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    if args.measured is not None:
+        previous = json.loads(args.measured.read_text(encoding="utf-8"))
+        verify = {int(k): v for k, v in previous["verify_seconds_per_pass"].items()}
+        draft_steps, prompt_tokens = previous["draft_step_seconds"], previous["prompt_tokens"]
+    else:
+        verify, draft_steps, prompt_tokens = measure(args.max_k, args.repeats, args.data_dir)
+    medians = {k: statistics.median(v) for k, v in verify.items()}
+    draft_step = statistics.median(draft_steps)
+    lines = [f"# Verify cost by draft length: reference pair, {torch.get_num_threads()} threads, "
+             f"{prompt_tokens} cached prompt tokens, {len(verify[0])} passes", "",
+             f"Draft step (one-token forward of the draft), median: {draft_step:.3f} s.", "",
+             "| k (drafts) | target forward over k + 1 tokens, median | min | max | / k = 0 |",
+             "| --- | --- | --- | --- | --- |"]
+    lines += [f"| {k} | {medians[k]:.3f} s | {min(v):.3f} | {max(v):.3f} | {medians[k] / medians[0]:.2f} |"
+              for k, v in verify.items()]
+    summary = {"prompt_tokens": prompt_tokens, "threads": torch.get_num_threads(), "torch": torch.__version__,
+               "verify_seconds_per_pass": verify, "verify_seconds": medians, "draft_step_seconds": draft_steps,
+               "draft_step": draft_step, "repriced": {}}
+    RESULTS_DIR.mkdir(exist_ok=True)
+    output = RESULTS_DIR / f"{args.name}.json"
+    output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")  # the measurement, before repricing
+    for path in args.reprice:
+        results = json.loads(path.read_text(encoding="utf-8"))
+        costs = metrics.run_cost_model(results)
+        repriced = reprice(results, medians, draft_step)
+        summary["repriced"][path.name] = repriced
+        lines += ["", f"## `{path.name}` priced by the line and by length", "",
+                  f"Line: {costs['seconds_per_target_forward']:.3f} s per target forward + "
+                  f"{costs['seconds_per_draft_forward']:.3f} s per drafted token (the report's). By length: v(k) above "
+                  f"+ {draft_step:.3f} s per drafted token. Each cell: ratio to the best fixed length of the row, by "
+                  "the line → by length.", ""]
+        for rule, table in repriced.items():
+            names = list(table["rows"][0][3])
+            lines += [f"`{rule}`:", "", "| category | best fixed (line → by length) | "
+                      + " | ".join(f"`{n.split('/', 1)[1]}`" for n in names) + " |",
+                      "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
+            for label, best_linear, best_length, ratios in table["rows"]:
+                best = f"`{best_linear.split('/', 1)[1]}` → `{best_length.split('/', 1)[1]}`"
+                lines.append(f"| {label} | {best} | "
+                             + " | ".join(f"{a:.2f} → {b:.2f}" for a, b in ratios.values()) + " |")
+            counts = [f"`{n.split('/', 1)[1]}` {sum(r[3][n][0] >= 0.97 for r in table['rows'][1:])} → "
+                      f"{sum(r[3][n][1] >= 0.97 for r in table['rows'][1:])} of {len(table['rows']) - 1}"
+                      for n in names]
+            lines += ["", f"Categories within 3% of the best fixed length (line → by length): {', '.join(counts)}.", ""]
+    output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
+    (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    print("\n".join(lines))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

@@ -48,9 +48,9 @@ def per_prompt_values(records: list[dict], costs: dict) -> dict[str, dict[str, f
             grouped.items()}
 
 
-def log_ratio(policy: dict[str, float], reference: dict[str, float] | float, prompts: list[str]) -> tuple[float, float | None]:
+def log_ratio(policy: dict[str, float], reference: dict[str, float], prompts: list[str]) -> tuple[float, float | None]:
     """(exp(mean x), sd(x) / sqrt(n)) of x_p = ln(policy_p / reference_p) over `prompts`; the error is None for one
-    prompt. `reference` maps prompts to values (a per-prompt reference)."""
+    prompt."""
     logs = [math.log(policy[p] / reference[p]) for p in prompts]
     error = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
     return math.exp(statistics.fmean(logs)), error
@@ -99,8 +99,9 @@ def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> li
                       if label == "overall" else tuned[label])
         covered = [p for p in prompts if tuned_here and p in tuned_here]
         oracle = {p: max(values[m][p] for m in fixed) for p in prompts}
+        tuned_ratio = log_ratio(tuned_here, values[best], covered)[0] if covered == prompts else None
         references = {
-            "tuned on the other prompts": log_ratio(tuned_here, values[best], covered)[0] if covered == prompts else None,
+            "tuned on the other prompts": tuned_ratio,
             "best overall": log_ratio(values[overall_best], values[best], prompts)[0],
             "each prompt's best": log_ratio(oracle, values[best], prompts)[0],
         }

@@ -68,6 +68,21 @@ def length_priced_seconds(record: dict, verify_seconds: dict[int, float], draft_
             + record["draft_forwards"] * draft_step)
 
 
+def fitted_line(verify_seconds: dict[int, float], records: list[dict]) -> dict[int, float]:
+    """k → α + β·k, least squares through the measured v(k) weighted by how many of the records' rounds drafted k:
+    the line a report would fit to today's costs, so that line vs v(k) isolates the shape of the verify cost."""
+    weights: dict[int, float] = {}
+    for record in records:
+        for k, n in rounds_by_length(record).items():
+            weights[k] = weights.get(k, 0) + n
+    total = sum(weights.values())
+    mean_k = sum(w * k for k, w in weights.items()) / total
+    mean_v = sum(w * verify_seconds[k] for k, w in weights.items()) / total
+    spread = sum(w * (k - mean_k) ** 2 for k, w in weights.items())
+    slope = sum(w * (k - mean_k) * (verify_seconds[k] - mean_v) for k, w in weights.items()) / spread
+    return {k: mean_v + slope * (k - mean_k) for k in verify_seconds}
+
+
 def reprice(results: dict, verify_seconds: dict[int, float], draft_step: float) -> dict[str, dict]:
     """Per rule: {"rows": [(label, best_linear, best_length, {policy: (linear ratio, per-length ratio)})]}."""
     costs = metrics.run_cost_model(results)
@@ -165,25 +180,36 @@ def main(argv: list[str] | None = None) -> dict:
         results = json.loads(path.read_text(encoding="utf-8"))
         costs = metrics.run_cost_model(results)
         repriced = reprice(results, medians, draft_step)
-        summary["repriced"][path.name] = repriced
+        line = fitted_line(medians, [r for r in results["records"] if r.get("acceptance_stats")])
+        on_line = reprice(results, line, draft_step)
+        summary["repriced"][path.name] = {"by_length": repriced, "todays_line": on_line}
         lines += ["", f"## `{path.name}` priced by the line and by length", "",
-                  f"Line: {costs['seconds_per_target_forward']:.3f} s per target forward + "
-                  f"{costs['seconds_per_draft_forward']:.3f} s per drafted token (the report's). By length: v(k) above "
-                  f"+ {draft_step:.3f} s per drafted token. Each cell: ratio to the best fixed length of the row, by "
-                  "the line → by length.", ""]
+                  f"The report's line: {costs['seconds_per_target_forward']:.3f} s per target forward + "
+                  f"{costs['seconds_per_draft_forward']:.3f} s per drafted token. By length: v(k) above + "
+                  f"{draft_step:.3f} s per drafted token. Today's line: v(k) replaced by the line through it, weighted "
+                  "by the report's rounds at each k (`fitted_line`), which separates the shape of v(k) from the change "
+                  "of costs since the run. Each cell: ratio to the best fixed length of the row, priced by the "
+                  "report's line → today's line → by length.", ""]
         for rule, table in repriced.items():
             names = list(table["rows"][0][3])
-            lines += [f"`{rule}`:", "", "| category | best fixed (line → by length) | "
+            lines += [f"`{rule}`:", "", "| category | best fixed (report's line → by length) | "
                       + " | ".join(f"`{n.split('/', 1)[1]}`" for n in names) + " |",
                       "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
-            for label, best_linear, best_length, ratios in table["rows"]:
+            for (label, best_linear, best_length, ratios), line_row in zip(table["rows"], on_line[rule]["rows"]):
                 best = f"`{best_linear.split('/', 1)[1]}` → `{best_length.split('/', 1)[1]}`"
-                lines.append(f"| {label} | {best} | "
-                             + " | ".join(f"{a:.2f} → {b:.2f}" for a, b in ratios.values()) + " |")
-            counts = [f"`{n.split('/', 1)[1]}` {sum(r[3][n][0] >= 0.97 for r in table['rows'][1:])} → "
-                      f"{sum(r[3][n][1] >= 0.97 for r in table['rows'][1:])} of {len(table['rows']) - 1}"
-                      for n in names]
-            lines += ["", f"Categories within 3% of the best fixed length (line → by length): {', '.join(counts)}.", ""]
+                lines.append(f"| {label} | {best} | " + " | ".join(
+                    f"{ratios[n][0]:.2f} → {line_row[3][n][1]:.2f} → {ratios[n][1]:.2f}" for n in names) + " |")
+
+            def within(ratio_of) -> list[int]:
+                return [sum(ratio_of(row, n) >= 0.97 for row in rows[1:]) for rows in [table["rows"]] for n in names]
+
+            report_line = within(lambda row, n: row[3][n][0])
+            todays_line = [sum(row[3][n][1] >= 0.97 for row in on_line[rule]["rows"][1:]) for n in names]
+            by_length = within(lambda row, n: row[3][n][1])
+            counts = [f"`{n.split('/', 1)[1]}` {a} → {b} → {c} of {len(table['rows']) - 1}"
+                      for n, a, b, c in zip(names, report_line, todays_line, by_length)]
+            lines += ["", f"Categories within 3% of the best fixed length (report's line → today's line → by length): "
+                      f"{', '.join(counts)}.", ""]
     output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
     (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))

@@ -167,6 +167,15 @@ def test_over_anchor_divides_by_the_anchor_on_the_same_prompt_and_run(tmp_path):
     assert entry["method"] == policy
     # Over all three prompts: (1.5 · 1.0 · 1.5)^(1/3).
     assert entry["prompts"] == 3 and entry["geomean"] == pytest.approx(2.25 ** (1 / 3))
-    assert "| `cost_aware(flip_prior=0.5)@abc1234` | 1.225 (2) / 1.500 (1) | 1.310 (3) |" in (tmp_path / "anchored.md").read_text()
+    table = (tmp_path / "anchored.md").read_text()
+    assert "| `cost_aware(flip_prior=0.5)@abc1234` | 1.225 (2) / 1.500 (1) | 1.310 (3) |" in table
     with pytest.raises(ValueError, match=r"--runs: got 'tapout'; expected LABEL=FILE"):
         anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--runs", "tapout"])
+
+
+def test_fitted_line_goes_through_the_lengths_the_rounds_drafted():
+    # One round of k = 0 (plain) and one of k = 2: the line through v(0) = 1 and v(2) = 5, whatever v(1) is.
+    records = [{"target_forwards": 1, "acceptance_stats": None},
+               {"target_forwards": 1, "acceptance_stats": {"drafted_per_position": [1, 1]}}]
+    line = verify_cost.fitted_line({0: 1.0, 1: 9.0, 2: 5.0}, records)
+    assert line == pytest.approx({0: 1.0, 1: 3.0, 2: 5.0})

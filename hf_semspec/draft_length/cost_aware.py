@@ -95,15 +95,16 @@ on the coding one. Each decision then costs about 41 µs instead of 3 µs (E_m f
 
 Why it is off by default. Live with `tapout` over it (φ_0 = 0.5, 30 prompts × 64 tokens, modeled time, ratio to the
 best fixed length; `benchmarks/results/draft-length-fly-window-3-per-category.md`): 1.07 overall against 1.08
-without it, within 3% in 6 of 10 categories against 7; measured 1.33× plain against 1.40×. It gained where `fly`'s
-flips pay (reasoning 0.97 → 1.07, coding 0.95 → 1.00, math 0.97 → 1.00) and lost where γ = 3 wins (roleplay 1.10 →
-0.96, translation 1.13 → 0.97, stem 0.99 → 0.91): rounds of 7 or more drafts went from 7% to 18%, in every category
+without it, within 3% in 6 of 10 categories against 7; measured, 1.060× γ = 3's tokens/s in the same runs against
+1.061× (`benchmarks/results/fly-measured-over-anchor.md`). It gained where `fly`'s flips pay (reasoning 0.97 → 1.07,
+coding 0.95 → 1.00, math 0.97 → 1.00) and lost where γ = 3 wins (roleplay 1.10 → 0.96, translation 1.13 → 0.97, stem
+0.99 → 0.91): rounds of 7 or more drafts went from 7% to 18%, in every category
 alike (13–17% on writing, roleplay, stem and qa). φ is one number: the benchmark's policy instance learns it across
 its prompts, which alternate categories, its memory (δ_c) spans a few prompts, and where flips stop coming it drifts
 back toward the prior 0.5; so it does not follow the category, as tapout's bandit does not (see tapout.py).
 `cost_aware(flip_prior=0.5)` alone on the same prompts (`draft-length-fly-window-cost-aware-3-per-category.md`):
-1.07 (7 of 10), short in math 0.93, roleplay 0.95 and stem 0.90 instead; measured 1.34×; 32% of its rounds drafted 7
-or more.
+1.07 (7 of 10), short in math 0.93, roleplay 0.95 and stem 0.90 instead; measured 1.077× γ = 3; 32% of its rounds
+drafted 7 or more.
 
 Worked example with a window (`flip_prior=0.5`, W = 2, φ = 0.5, cap 4, ρ = 0.2, R̃ = 2, p̄ = 0.9): drafts with
 p̂ = 0.99, 0.3, 0.95.

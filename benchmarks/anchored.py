@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import metrics
+from . import metrics, report
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -69,10 +69,7 @@ def main(argv: list[str] | None = None) -> dict:
         "Geometric mean over prompts of the method's measured tokens/s over the anchor's on the same prompt in the "
         "same run (in brackets, prompts); per run, then over all. `benchmarks/anchored.py` explains.", "",
         "| method | per run | all |", "| --- | --- | --- |", *rows]) + "\n"
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{args.name}.md").write_text(text, encoding="utf-8")
-    (args.output_dir / f"{args.name}.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    print(text)
+    report.write_summary(args.output_dir, args.name, text, summary)
     return summary
 
 

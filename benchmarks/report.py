@@ -70,6 +70,15 @@ def write_json(path: Path, results: dict) -> None:
     path.write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
 
 
+def write_summary(directory: Path, name: str, text: str, summary: dict) -> None:
+    """`<name>.md` (the text) and `<name>.json` (the figures) in `directory`, for the small analysis scripts; prints
+    the text."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.md").write_text(text, encoding="utf-8")
+    write_json(directory / f"{name}.json", summary)
+    print(text)
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Markdown
 # ---------------------------------------------------------------------------------------------------------------------

@@ -208,10 +208,9 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{costs['seconds_per_target_forward']:.3f} s per target forward and "
                       f"{costs['seconds_per_draft_forward']:.3f} s per drafted token.", ""]
                      + section(methods, records, costs, heading="##")) + "\n"
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{args.name}.md").write_text(text, encoding="utf-8")
-    (args.output_dir / f"{args.name}.json").write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    print(text)
+    from .report import write_summary  # here, not at the top: report.py imports this module for its section
+
+    write_summary(args.output_dir, args.name, text, summary)
     return summary
 
 

@@ -83,7 +83,7 @@ def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> li
     values = per_prompt_values([r for r in records if r["method"] in fixed + policies], costs)
     categories: dict[str, list[str]] = {}
     for r in records:
-        if r["method"] in fixed and all(r["prompt_id"] in values[m] for m in fixed):
+        if r["method"] in fixed and all(r["prompt_id"] in values.get(m, {}) for m in fixed):
             categories.setdefault(r["category"], [])
             if r["prompt_id"] not in categories[r["category"]]:
                 categories[r["category"]].append(r["prompt_id"])

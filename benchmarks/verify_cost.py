@@ -8,7 +8,7 @@ Why: the draft-length reports price a generation by a line, a·F + b·D (target 
 tokens is not linear in k on a CPU (MKL picks its kernels by shape), so a policy whose rounds are longer or shorter
 than the sweep's average can be priced wrong, and its measured speed-up can differ from the modeled one.
 
-What it measures (reference pair, target fp32, draft bf16, greedy-free: only forwards): the prompt of the quick
+What it measures (reference pair, target fp32, draft bf16; forwards only, no decoding): the prompt of the quick
 profile's first prompt is prefilled into a `DynamicCache`; then, in `--repeats` passes over the lengths in a rotating
 order, the target's forward over k + 1 new tokens (the verify of k drafts) and the draft's one-token forward (a draft
 step) are timed, and the cache is cropped back after each. Per k: the median v(k); the draft step d is the median

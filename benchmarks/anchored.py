@@ -20,7 +20,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import metrics, report
+from . import markdown, metrics
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
@@ -63,13 +63,13 @@ def main(argv: list[str] | None = None) -> dict:
         summary["methods"][label] = {"method": method, "per_file": per_file,
                                      "geomean": metrics.geometric_mean(pooled), "prompts": len(pooled)}
         cells = [f"{metrics.geometric_mean(list(r.values())):.3f} ({len(r)})" for r in per_file.values()]
-        rows.append(f"| `{label}` | {' / '.join(cells)} | {metrics.geometric_mean(pooled):.3f} ({len(pooled)}) |")
+        rows.append([f"`{label}`", " / ".join(cells), f"{metrics.geometric_mean(pooled):.3f} ({len(pooled)})"])
     text = "\n".join([
         f"# Measured tokens/s over `{args.anchor.split('/', 1)[1]}` in the same run", "",
         "Geometric mean over prompts of the method's measured tokens/s over the anchor's on the same prompt in the "
         "same run (in brackets, prompts); per run, then over all. `benchmarks/anchored.py` explains.", "",
-        "| method | per run | all |", "| --- | --- | --- |", *rows]) + "\n"
-    report.write_summary(args.output_dir, args.name, text, summary)
+        *markdown.table(["method", "per run", "all"], rows)]) + "\n"
+    markdown.write_summary(args.output_dir, args.name, text, summary)
     return summary
 
 

@@ -35,7 +35,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import metrics, report
+from . import markdown, metrics, report
 
 
 def _counts(results: dict, method: str) -> dict[str, tuple[int, int, int]]:
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> None:
         results = merge_runs(base, added, args.base.name, args.added.name, args.changed)
     folder = args.output_dir or args.base.parent
     folder.mkdir(parents=True, exist_ok=True)
-    report.write_json(folder / f"{args.name}.json", results)
+    markdown.write_json(folder / f"{args.name}.json", results)
     (folder / f"{args.name}.md").write_text(report.render_markdown(results), encoding="utf-8")
     report.write_plot(folder / f"{args.name}.png", results)
     print(f"Wrote {args.name}.json/.md to {folder}")

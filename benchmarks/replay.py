@@ -52,7 +52,7 @@ from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.tapout import TapOutPolicy
 from hf_semspec.rules import RULES
 
-from . import data, methods, metrics, models, report, resolution
+from . import data, markdown, methods, metrics, models, report, resolution
 
 
 def accepted_runs(draft_predictions: list[int], tokens: list[int]) -> list[int]:
@@ -346,11 +346,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     if args.check is not None:
         first_seed = [r for r in records if r["seed"] == args.seed]
         results["check"], results["check_source"] = check_against(args.check, first_seed, costs, results["methods"]), args.check.name
-    args.output_dir.mkdir(parents=True, exist_ok=True)
-    (args.output_dir / f"{args.name}.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    markdown = render(results)
-    (args.output_dir / f"{args.name}.md").write_text(markdown, encoding="utf-8")
-    print(markdown)
+    markdown.write_summary(args.output_dir, args.name, render(results), results)
     return results
 
 

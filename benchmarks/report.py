@@ -14,7 +14,7 @@ import transformers
 
 import hf_semspec
 
-from . import metrics, resolution
+from . import markdown, metrics, resolution
 from .data import REPO_ROOT
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -66,19 +66,6 @@ def machine_info() -> dict:
     }
 
 
-def write_json(path: Path, results: dict) -> None:
-    path.write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
-
-
-def write_summary(directory: Path, name: str, text: str, summary: dict) -> None:
-    """`<name>.md` (the text) and `<name>.json` (the figures) in `directory`, for the small analysis scripts; prints
-    the text."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{name}.md").write_text(text, encoding="utf-8")
-    write_json(directory / f"{name}.json", summary)
-    print(text)
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Markdown
 # ---------------------------------------------------------------------------------------------------------------------
@@ -96,11 +83,6 @@ def _speedup(summary: dict | None) -> str:
     if summary is None:
         return "N/A"
     return f"{summary['median']:.2f}× / {summary['geomean']:.2f}×"
-
-
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
-    return lines + ["| " + " | ".join(row) + " |" for row in rows]
 
 
 def _drafted_per_round(gamma: int | None, acceptance: dict | None) -> str:
@@ -185,7 +167,7 @@ def render_markdown(results: dict) -> str:
             _speedup(s["speedup_vs_plain"]), _speedup(s["speedup_vs_stock"]), _fmt(s["tau"]),
             _fmt(acceptance), _fmt(s["identical_to_plain"]), gsm8k,
         ])
-    lines += _table(
+    lines += markdown.table(
         ["method", "γ (drafted/round)", "prompts", "new tokens", "tok/s", "speed-up vs plain", "speed-up vs stock", "τ",
          "acceptance", "identical", "GSM8K acc. (n)"],
         rows,
@@ -199,7 +181,7 @@ def render_markdown(results: dict) -> str:
             median = s["speedup_vs_plain"]["median"] if s["speedup_vs_plain"] else None
             row.append(f"{s['tau']:.2f} / {_fmt(median)}×" if s["prompts"] else "-")
         rows.append(row)
-    lines += _table(["category"] + [f"`{m}`" for m in methods], rows)
+    lines += markdown.table(["category"] + [f"`{m}`" for m in methods], rows)
     positions = max((len(agg["overall"][m]["acceptance"]["per_position_acceptance"])
                      for m in methods if agg["overall"][m]["acceptance"]), default=0)
     if positions:
@@ -213,7 +195,7 @@ def render_markdown(results: dict) -> str:
                 continue
             values = acc["per_position_acceptance"]
             rows.append([f"`{m}`"] + [_fmt(values[i]) if i < len(values) else "" for i in range(positions)])
-        lines += _table(["method"] + [str(i + 1) for i in range(positions)], rows)
+        lines += markdown.table(["method"] + [str(i + 1) for i in range(positions)], rows)
     lines += draft_length_section(results)
     if results.get("breakdown"):
         lines += ["", "## Where the time goes (first prompt, each method's warm-up run)", "",
@@ -226,7 +208,7 @@ def render_markdown(results: dict) -> str:
                 _fmt(None if share[k] is None else 100 * share[k], ".0f", "-") + ("%" if share[k] is not None else "")
                 for k in ("draft", "target_forward", "verify", "logits_processors", "rest")
             ] + [b["source"]])
-        lines += _table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
+        lines += markdown.table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
                          "source"], rows)
     return "\n".join(lines) + "\n"
 
@@ -301,7 +283,7 @@ def _policy_tables(described: list[dict], values: dict[str, dict[str, float | No
                     within[name].append(value >= 0.97 * best_value)
             rows.append(row)
         lines += [f"`{rule}`:", ""]
-        lines += _table(["category", "best fixed"] + [f"`{n.split('/', 1)[1]}`" for n in policies], rows) + [""]
+        lines += markdown.table(["category", "best fixed"] + [f"`{n.split('/', 1)[1]}`" for n in policies], rows) + [""]
         counts = ", ".join(f"`{n.split('/', 1)[1]}` {sum(w)} of {len(w)}" for n, w in within.items() if w)
         if counts:
             lines += [f"Categories where the policy is within 3% of the best fixed length: {counts}.", ""]

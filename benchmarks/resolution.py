@@ -32,7 +32,7 @@ import math
 import statistics
 from pathlib import Path
 
-from . import metrics
+from . import markdown, metrics
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 WITHIN = 0.97  # the "within 3%"
@@ -145,7 +145,7 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
         body = [[row["label"], str(row["prompts"]), f"`{row['best'].split('/', 1)[1]}`"]
                 + [_ratio(v) for v in row["references"].values()]
                 + [_ratio(*row["policies"][n]) if n in row["policies"] else "–" for n in names] for row in table]
-        lines += [f"`{rule}`:", ""] + [f"| {' | '.join(r)} |" for r in [header, ["---"] * len(header)] + body] + [""]
+        lines += [f"`{rule}`:", ""] + markdown.table(header, body) + [""]
         categories, tuned = table[:-1], "tuned on the other prompts"
 
         def count(label: str, pairs: list[tuple[float, float]]) -> str:
@@ -208,9 +208,7 @@ def main(argv: list[str] | None = None) -> dict:
                       f"{costs['seconds_per_target_forward']:.3f} s per target forward and "
                       f"{costs['seconds_per_draft_forward']:.3f} s per drafted token.", ""]
                      + section(methods, records, costs, heading="##")) + "\n"
-    from .report import write_summary  # here, not at the top: report.py imports this module for its section
-
-    write_summary(args.output_dir, args.name, text, summary)
+    markdown.write_summary(args.output_dir, args.name, text, summary)
     return summary
 
 

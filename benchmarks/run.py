@@ -42,7 +42,7 @@ from tqdm.auto import tqdm  # noqa: E402
 import hf_semspec  # noqa: E402
 from hf_semspec.draft_length import POLICIES  # noqa: E402
 from hf_semspec.drafters import PrunedVocabDrafter  # noqa: E402
-from benchmarks import data, methods as methods_lib, metrics, models, profiling, report  # noqa: E402
+from benchmarks import data, markdown, methods as methods_lib, metrics, models, profiling, report  # noqa: E402
 
 DEFAULT_OUTPUT_DIR = data.REPO_ROOT / "benchmarks" / "results"
 
@@ -386,11 +386,11 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     }
     args.output_dir.mkdir(parents=True, exist_ok=True)
     stem = output_stem(args)
-    report.write_json(args.output_dir / f"{stem}.json", results)  # first: the measurements outlive a report bug
-    markdown = report.render_markdown(results)
-    (args.output_dir / f"{stem}.md").write_text(markdown, encoding="utf-8")
+    markdown.write_json(args.output_dir / f"{stem}.json", results)  # first: the measurements outlive a report bug
+    text = report.render_markdown(results)
+    (args.output_dir / f"{stem}.md").write_text(text, encoding="utf-8")
     plotted = report.write_plot(args.output_dir / f"{stem}.png", results)
-    print("\n" + markdown)
+    print("\n" + text)
     written = [f"{stem}.json", f"{stem}.md"] + ([f"{stem}.png"] if plotted else [])
     print(f"Wrote {', '.join(written)} to {args.output_dir} "
           f"(total {results['timing']['total_s'] / 60:.1f} min)", flush=True)

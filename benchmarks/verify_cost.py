@@ -38,7 +38,8 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 
 import torch  # noqa: E402
 
-from benchmarks import data, metrics  # noqa: E402
+from benchmarks import data, markdown, metrics  # noqa: E402
+from benchmarks.resolution import WITHIN  # noqa: E402
 
 RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
 
@@ -165,17 +166,16 @@ def main(argv: list[str] | None = None) -> dict:
     draft_step = statistics.median(draft_steps)
     lines = [f"# Verify cost by draft length: reference pair, {torch.get_num_threads()} threads, "
              f"{prompt_tokens} cached prompt tokens, {len(verify[0])} passes", "",
-             f"Draft step (one-token forward of the draft), median: {draft_step:.3f} s.", "",
-             "| k (drafts) | target forward over k + 1 tokens, median | min | max | / k = 0 |",
-             "| --- | --- | --- | --- | --- |"]
-    lines += [f"| {k} | {medians[k]:.3f} s | {min(v):.3f} | {max(v):.3f} | {medians[k] / medians[0]:.2f} |"
-              for k, v in verify.items()]
+             f"Draft step (one-token forward of the draft), median: {draft_step:.3f} s.", ""]
+    lines += markdown.table(
+        ["k (drafts)", "target forward over k + 1 tokens, median", "min", "max", "/ k = 0"],
+        [[str(k), f"{medians[k]:.3f} s", f"{min(v):.3f}", f"{max(v):.3f}", f"{medians[k] / medians[0]:.2f}"]
+         for k, v in verify.items()])
     summary = {"prompt_tokens": prompt_tokens, "threads": torch.get_num_threads(), "torch": torch.__version__,
                "verify_seconds_per_pass": verify, "verify_seconds": medians, "draft_step_seconds": draft_steps,
                "draft_step": draft_step, "repriced": {}}
     RESULTS_DIR.mkdir(exist_ok=True)
-    output = RESULTS_DIR / f"{args.name}.json"
-    output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")  # the measurement, before repricing
+    markdown.write_json(RESULTS_DIR / f"{args.name}.json", summary)  # the measurement, before repricing can fail
     for path in args.reprice:
         results = json.loads(path.read_text(encoding="utf-8"))
         costs = metrics.run_cost_model(results)
@@ -191,28 +191,25 @@ def main(argv: list[str] | None = None) -> dict:
                   "of costs since the run. Each cell: ratio to the best fixed length of the row, priced by the "
                   "report's line → today's line → by length.", ""]
         for rule, table in repriced.items():
-            names = list(table["rows"][0][3])
-            lines += [f"`{rule}`:", "", "| category | best fixed (report's line → by length) | "
-                      + " | ".join(f"`{n.split('/', 1)[1]}`" for n in names) + " |",
-                      "| --- | --- | " + " | ".join("---" for _ in names) + " |"]
-            for (label, best_linear, best_length, ratios), line_row in zip(table["rows"], on_line[rule]["rows"]):
-                best = f"`{best_linear.split('/', 1)[1]}` → `{best_length.split('/', 1)[1]}`"
-                lines.append(f"| {label} | {best} | " + " | ".join(
-                    f"{ratios[n][0]:.2f} → {line_row[3][n][1]:.2f} → {ratios[n][1]:.2f}" for n in names) + " |")
+            rows, line_rows = table["rows"], on_line[rule]["rows"]  # [0] is "overall", then the categories
+            names = list(rows[0][3])
+            body = [[label, f"`{best_linear.split('/', 1)[1]}` → `{best_length.split('/', 1)[1]}`"]
+                    + [f"{ratios[n][0]:.2f} → {line_row[3][n][1]:.2f} → {ratios[n][1]:.2f}" for n in names]
+                    for (label, best_linear, best_length, ratios), line_row in zip(rows, line_rows)]
+            lines += [f"`{rule}`:", ""] + markdown.table(
+                ["category", "best fixed (report's line → by length)"] + [f"`{n.split('/', 1)[1]}`" for n in names],
+                body)
 
-            def within(ratio_of) -> list[int]:
-                return [sum(ratio_of(row, n) >= 0.97 for row in rows[1:]) for rows in [table["rows"]] for n in names]
+            def within(category_rows: list, name: str, pricing: int) -> int:
+                """Categories where `name`'s ratio under `pricing` (0: the report's line, 1: the v(k) given) is
+                within 3% of the best fixed length."""
+                return sum(row[3][name][pricing] >= WITHIN for row in category_rows[1:])
 
-            report_line = within(lambda row, n: row[3][n][0])
-            todays_line = [sum(row[3][n][1] >= 0.97 for row in on_line[rule]["rows"][1:]) for n in names]
-            by_length = within(lambda row, n: row[3][n][1])
-            counts = [f"`{n.split('/', 1)[1]}` {a} → {b} → {c} of {len(table['rows']) - 1}"
-                      for n, a, b, c in zip(names, report_line, todays_line, by_length)]
+            counts = [f"`{n.split('/', 1)[1]}` {within(rows, n, 0)} → {within(line_rows, n, 1)} → "
+                      f"{within(rows, n, 1)} of {len(rows) - 1}" for n in names]
             lines += ["", f"Categories within 3% of the best fixed length (report's line → today's line → by length): "
                       f"{', '.join(counts)}.", ""]
-    output.write_text(json.dumps(summary, indent=1) + "\n", encoding="utf-8")
-    (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    print("\n".join(lines))
+    markdown.write_summary(RESULTS_DIR, args.name, "\n".join(lines) + "\n", summary)
     return summary
 
 

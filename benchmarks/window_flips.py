@@ -17,7 +17,6 @@ import os
 os.environ.setdefault("MKL_CBWR", "AUTO")  # before torch, as in run.py
 
 import argparse  # noqa: E402
-import json  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -28,7 +27,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 import torch  # noqa: E402
 
 import hf_semspec  # noqa: E402
-from benchmarks import data  # noqa: E402
+from benchmarks import data, markdown  # noqa: E402
 from benchmarks.models import load_pair  # noqa: E402
 from hf_semspec.draft_length import RoundOutcome  # noqa: E402
 from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy  # noqa: E402
@@ -86,19 +85,17 @@ def main(argv: list[str] | None = None) -> int:
                         "rounds": [{"k": r.num_drafted, "n": r.num_accepted, "s": r.matched} for r in policy.rounds],
                         "trials": trials, "kept": kept})
 
-    lines = [f"# `fly`'s kept mismatches (φ): γ = {args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens",
-             "", "| category | rounds | trials | kept | φ |", "| --- | --- | --- | --- | --- |"]
+    rows = []
     for category in data.categories_in_order(prompts) + ["all"]:
         chosen = [r for r in records if category in ("all", r["category"])]
         trials, kept = sum(r["trials"] for r in chosen), sum(r["kept"] for r in chosen)
         rate = f"{kept / trials:.2f}" if trials else "–"
-        lines.append(f"| {category} | {sum(len(r['rounds']) for r in chosen)} | {trials} | {kept} | {rate} |")
-    RESULTS_DIR.mkdir(exist_ok=True)
+        rows.append([category, str(sum(len(r["rounds"]) for r in chosen)), str(trials), str(kept), rate])
+    lines = [f"# `fly`'s kept mismatches (φ): γ = {args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens",
+             ""] + markdown.table(["category", "rounds", "trials", "kept", "φ"], rows)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
-    (RESULTS_DIR / f"{args.name}.json").write_text(
-        json.dumps({"config": config, "torch": torch.__version__, "records": records}, indent=1) + "\n")
-    (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    markdown.write_summary(RESULTS_DIR, args.name, "\n".join(lines) + "\n",
+                           {"config": config, "torch": torch.__version__, "records": records})
     return 0
 
 

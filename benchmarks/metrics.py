@@ -12,12 +12,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import statistics
 import time
 from collections.abc import Iterable, Sequence
 from decimal import Decimal, InvalidOperation
+from pathlib import Path
 
 import torch
 
@@ -316,8 +318,65 @@ def run_cost_model(results: dict) -> dict | None:
     return results["aggregates"].get("cost_model") or fit_round_costs(results["records"])
 
 
+def rounds_by_length(record: dict) -> dict[int, int]:
+    """k → rounds of the generation that drafted k tokens; plain decoding's forwards are rounds of k = 0.
+
+    A replayed record stores them (`rounds_by_length`). For a live one, `drafted_per_position[i]` counts the rounds
+    that drafted position i + 1, so the rounds that drafted exactly k are its (k − 1)-th entry minus its k-th, and the
+    rounds that drafted nothing are the target forwards left over."""
+    if "rounds_by_length" in record:
+        return {int(k): n for k, n in record["rounds_by_length"].items()}
+    stats = record.get("acceptance_stats")
+    if not stats:
+        return {0: record["target_forwards"]}
+    drafted = list(stats["drafted_per_position"]) + [0]
+    rounds = {k: drafted[k - 1] - drafted[k] for k in range(1, len(drafted)) if drafted[k - 1] > drafted[k]}
+    if record["target_forwards"] > drafted[0]:
+        rounds[0] = record["target_forwards"] - drafted[0]
+    return rounds
+
+
+def per_length_costs(path: Path) -> dict:
+    """The cost model of a `benchmarks/verify_cost.py` measurement: a round drafting k costs v(k) + k·d, v(k) being
+    the measured median of the target's forward over k + 1 tokens and d the draft step (`modeled_seconds`)."""
+    measured = json.loads(Path(path).read_text(encoding="utf-8"))
+    if "verify_seconds" not in measured:
+        raise ValueError(f"{path}: no 'verify_seconds' in it. Fix: pass the JSON that benchmarks/verify_cost.py wrote "
+                         "(e.g. benchmarks/results/verify-cost.json).")
+    return {"verify_seconds": {int(k): v for k, v in measured["verify_seconds"].items()},
+            "seconds_per_draft_forward": measured["draft_step"], "cached_tokens": measured["prompt_tokens"],
+            "source": Path(path).name}
+
+
+def _verify_seconds(costs: dict, lengths) -> dict[int, float]:
+    """Per-length `costs`' k → v(k) (int keys also after a JSON round trip); raises when one of `lengths` is missing."""
+    verify = {int(k): v for k, v in costs["verify_seconds"].items()}
+    missing = sorted(k for k in lengths if k not in verify)
+    if missing:
+        raise ValueError(f"no verify time measured for k = {missing} in {costs.get('source', 'the costs')} "
+                         f"(measured up to {max(verify)}). Fix: rerun benchmarks/verify_cost.py with a larger --max-k")
+    return verify
+
+
+def round_seconds(costs: dict, num_drafted: int) -> float:
+    """What a round drafting `num_drafted` costs under `costs`: v(k) + k·d per length, else the line a + b·k."""
+    if "verify_seconds" in costs:
+        return _verify_seconds(costs, [num_drafted])[num_drafted] + costs["seconds_per_draft_forward"] * num_drafted
+    return costs["seconds_per_target_forward"] + costs["seconds_per_draft_forward"] * num_drafted
+
+
+def modeled_seconds(record: dict, costs: dict) -> float:
+    """The generation's modeled decode time (prefill left out, see `fit_round_costs`): `a · F + b · D` under a fitted
+    line, or Σ_k n_k·v(k) + D·d under per-length costs (n_k: its rounds that drafted k, `rounds_by_length`)."""
+    if "verify_seconds" in costs:
+        rounds = rounds_by_length(record)
+        verify = _verify_seconds(costs, rounds)
+        drafting = costs["seconds_per_draft_forward"] * record["draft_forwards"]
+        return sum(n * verify[k] for k, n in rounds.items()) + drafting
+    return (costs["seconds_per_target_forward"] * record["target_forwards"]
+            + costs["seconds_per_draft_forward"] * record["draft_forwards"])
+
+
 def modeled_tokens_per_s(record: dict, costs: dict) -> float:
-    """New tokens per modeled decode second `a · F + b · D` (prefill left out, see `fit_round_costs`)."""
-    seconds = (costs["seconds_per_target_forward"] * record["target_forwards"]
-               + costs["seconds_per_draft_forward"] * record["draft_forwards"])
-    return record["new_tokens"] / seconds
+    """New tokens per modeled decode second (`modeled_seconds`)."""
+    return record["new_tokens"] / modeled_seconds(record, costs)

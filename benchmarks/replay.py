@@ -14,7 +14,9 @@ A round that starts at position p and drafts k tokens accepts min(run[p], k) and
 policy's rounds (F rounds, D drafted tokens) without running the models again, for dozens of prompts and answers
 longer than the live benchmark can afford on this CPU (one 64-token generation per method and prompt takes ~30 s).
 Each round is timed by the cost model of a live run, t = a + b·k (`metrics.fit_round_costs`), which the policies see
-as the round's seconds; modeled tokens/s = new tokens / (a·F + b·D), as in the live report's modeled tables.
+as the round's seconds; modeled tokens/s = new tokens / (a·F + b·D), as in the live report's modeled tables. With
+`--verify-cost` (a `benchmarks/verify_cost.py` measurement) a round of k drafts costs v(k) + d·k instead, the verify
+forward's measured time at that length plus k draft steps, which on a CPU is not linear in k.
 
 Policies that end a round early (`adaedl`, `svip`, and tapout over them) decide after each drafted token from the
 entropy H(q) of the distribution the token was drawn from, so the trace also keeps the draft's teacher-forced
@@ -109,17 +111,18 @@ def replay(
     and its round ends after the draft, right so far, drafts the output's EOS (an output shorter than
     `max_new_tokens` ends with one), as the live drafter ends a per-token round after an EOS;
     the rule accepts min(run, drafted), the round emits one more token (cut at the end of the output), and the policy
-    observes the round with the cost model's seconds, times exp(σ·z), z ~ N(0, 1) from `rng`, with σ = `time_noise`
-    (a live round's time scatters around the model; the returned counts are still priced without noise). Returns
-    `{"target_forwards": F, "draft_forwards": D, "new_tokens"}`.
+    observes the round with the cost model's seconds (`metrics.round_seconds`: the line a + b·k, or v(k) + k·d for
+    per-length costs), times exp(σ·z), z ~ N(0, 1) from `rng`, with σ = `time_noise` (a live round's time scatters
+    around the model; the returned counts are still priced without noise). Returns
+    `{"target_forwards": F, "draft_forwards": D, "new_tokens", "rounds_by_length": {k: rounds that drafted k}}`.
     """
     if not replayable(policy):
         raise ValueError(f"replay: {type(policy).__name__} decides per drafted token from more than the draft's "
                          f"entropy, which a trace does not hold. Fix: replay fixed-budget policies or "
                          f"{sorted(ENTROPY_POLICIES)}.")
-    a, b = costs["seconds_per_target_forward"], costs["seconds_per_draft_forward"]
     ended_by_eos = len(runs) < max_new_tokens  # the output's last token is an EOS
     emitted = forwards = drafted_total = 0
+    rounds_by_length: dict[int, int] = {}
     while emitted < len(runs):
         budget = max(0, min(policy.max_tokens(), max_new_tokens - emitted - 1))
         drafted = budget
@@ -137,12 +140,15 @@ def replay(
                 if drafted < budget and not policy.keep_drafting(drafted, probs):
                     break
         accepted = min(runs[emitted], drafted)
-        seconds = (a + b * drafted) * (math.exp(time_noise * rng.gauss(0.0, 1.0)) if time_noise > 0 else 1.0)
+        noise = math.exp(time_noise * rng.gauss(0.0, 1.0)) if time_noise > 0 else 1.0
+        seconds = metrics.round_seconds(costs, drafted) * noise
         policy.observe(RoundOutcome(drafted, accepted, seconds, includes_prefill=forwards == 0))
         forwards += 1
         drafted_total += drafted
+        rounds_by_length[drafted] = rounds_by_length.get(drafted, 0) + 1
         emitted = min(emitted + accepted + 1, len(runs))
-    return {"target_forwards": forwards, "draft_forwards": drafted_total, "new_tokens": len(runs)}
+    return {"target_forwards": forwards, "draft_forwards": drafted_total, "new_tokens": len(runs),
+            "rounds_by_length": rounds_by_length}
 
 
 @torch.no_grad()
@@ -209,13 +215,21 @@ def check_against(results_path: Path, records: list[dict], costs: dict, methods:
 
 def render(results: dict) -> str:
     costs = results["costs"]
+    if "verify_seconds" in costs:
+        verify = costs["verify_seconds"]
+        priced = (f"the per-length costs measured in `{costs['source']}` ({costs['cached_tokens']} cached tokens): "
+                  f"a round drafting k costs v(k) + {costs['seconds_per_draft_forward']:.3f} s·k, v(0) = "
+                  f"{verify[0]:.3f} s, v(2) = {verify[2]:.3f} s, v(3) = {verify[3]:.3f} s, v(8) = {verify[8]:.3f} s. "
+                  "Modeled tokens/s = new tokens / (Σ_k n_k·v(k) + d·D)")
+    else:
+        priced = (f"the cost model of `{costs['source']}`: {costs['seconds_per_target_forward']:.3f} s per target "
+                  f"forward + {costs['seconds_per_draft_forward']:.3f} s per drafted token. Modeled tokens/s = new "
+                  "tokens / (a·F + b·D)")
     lines = [
         "# Replayed draft-length policies (`exact`, greedy)", "",
         f"- Target `{results['models']['target']}`, draft `{results['models']['draft']}`; "
         f"{results['selection']}.",
-        f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by the cost model of "
-        f"`{costs['source']}`: {costs['seconds_per_target_forward']:.3f} s per target forward + "
-        f"{costs['seconds_per_draft_forward']:.3f} s per drafted token. Modeled tokens/s = new tokens / (a·F + b·D), "
+        f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by {priced}, "
         "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
         f"- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. "
         f"Traces recorded in {results['trace_seconds']:.0f} s.",
@@ -262,8 +276,10 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--draft-lengths", required=True, help="policies as in benchmarks/run.py: fixed-budget ones, "
                         "adaedl, svip, and tapout over such arms")
-    parser.add_argument("--costs", type=Path, required=True, help="a live run's results JSON: its cost model times "
-                        "the rounds")
+    parser.add_argument("--costs", type=Path, default=None, help="a live run's results JSON: its cost model (a line "
+                        "a + b·k) times the rounds")
+    parser.add_argument("--verify-cost", type=Path, default=None, help="instead of --costs, a "
+                        "benchmarks/verify_cost.py JSON: a round drafting k costs its measured v(k) + k·d")
     parser.add_argument("--traces", type=Path, default=None, help="reuse the traces of an earlier replay's JSON")
     parser.add_argument("--check", type=Path, default=None, help="a live run on the same prompts to compare F, D with")
     parser.add_argument("--round-time-noise", type=float, default=0.0, help="σ: the policies see each round's "
@@ -300,7 +316,11 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
         raise ValueError(f"--seeds: got {args.seeds} with --round-time-noise {args.round_time_noise}; expected 1, or "
                          "more only with noise (without it every seed replays the same rounds). Fix: pass "
                          "--round-time-noise σ > 0, or --seeds 1.")
-    costs = load_costs(args.costs)
+    if (args.costs is None) == (args.verify_cost is None):
+        raise ValueError(f"--costs {args.costs} and --verify-cost {args.verify_cost}: expected exactly one. Fix: "
+                         "pass a live run's results JSON as --costs (a line a + b·k), or a verify_cost JSON as "
+                         "--verify-cost (per-length costs).")
+    costs = load_costs(args.costs) if args.costs is not None else metrics.per_length_costs(args.verify_cost)
 
     # 2. Traces: the target's greedy output and the draft's predictions over it, per prompt.
     if args.traces is not None:

@@ -1,6 +1,7 @@
 """What a round costs at each draft length on this machine, and what the draft-length tables look like priced by it.
 
     python -m benchmarks.verify_cost                        # k = 0..40, 5 repeats, ~5 min
+    python -m benchmarks.verify_cost --cached-tokens 160 --name verify-cost-160   # a cache as long as late rounds'
     python -m benchmarks.verify_cost --reprice benchmarks/results/draft-length-fly-window-3-per-category.json
 
 Why: the draft-length reports price a generation by a line, a·F + b·D (target forwards F, drafted tokens D;
@@ -44,37 +45,12 @@ from benchmarks.resolution import WITHIN  # noqa: E402
 RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
 
 
-def rounds_by_length(record: dict) -> dict[int, int]:
-    """k → rounds of the generation that drafted k tokens; plain decoding's forwards are rounds of k = 0.
-
-    `drafted_per_position[i]` counts the rounds that drafted position i + 1, so the rounds that drafted exactly k are
-    its (k − 1)-th entry minus its k-th, and the rounds that drafted nothing are the target forwards left over."""
-    stats = record.get("acceptance_stats")
-    if not stats:
-        return {0: record["target_forwards"]}
-    drafted = list(stats["drafted_per_position"]) + [0]
-    rounds = {k: drafted[k - 1] - drafted[k] for k in range(1, len(drafted)) if drafted[k - 1] > drafted[k]}
-    if record["target_forwards"] > drafted[0]:
-        rounds[0] = record["target_forwards"] - drafted[0]
-    return rounds
-
-
-def length_priced_seconds(record: dict, verify_seconds: dict[int, float], draft_step: float) -> float:
-    """Σ_k n_k·v(k) + D·d: the generation's decode time at the measured per-length verify costs."""
-    missing = [k for k in rounds_by_length(record) if k not in verify_seconds]
-    if missing:
-        raise ValueError(f"no verify time measured for k = {missing} (measured up to {max(verify_seconds)}); "
-                         "rerun with a larger --max-k")
-    return (sum(n * verify_seconds[k] for k, n in rounds_by_length(record).items())
-            + record["draft_forwards"] * draft_step)
-
-
 def fitted_line(verify_seconds: dict[int, float], records: list[dict]) -> dict[int, float]:
     """k → α + β·k, least squares through the measured v(k) weighted by how many of the records' rounds drafted k:
     the line a report would fit to today's costs, so that line vs v(k) isolates the shape of the verify cost."""
     weights: dict[int, float] = {}
     for record in records:
-        for k, n in rounds_by_length(record).items():
+        for k, n in metrics.rounds_by_length(record).items():
             weights[k] = weights.get(k, 0) + n
     total = sum(weights.values())
     mean_k = sum(w * k for k, w in weights.items()) / total
@@ -87,6 +63,7 @@ def fitted_line(verify_seconds: dict[int, float], records: list[dict]) -> dict[i
 def reprice(results: dict, verify_seconds: dict[int, float], draft_step: float) -> dict[str, dict]:
     """Per rule: {"rows": [(label, best_linear, best_length, {policy: (linear ratio, per-length ratio)})]}."""
     costs = metrics.run_cost_model(results)
+    by_length = {"verify_seconds": verify_seconds, "seconds_per_draft_forward": draft_step}
     records = results["records"]
     described = [m for m in results["methods"] if m.get("draft_length")]
     out = {}
@@ -99,8 +76,7 @@ def reprice(results: dict, verify_seconds: dict[int, float], draft_step: float) 
             def speed(name: str, linear: bool) -> float:
                 mine = [r for r in records if r["method"] == name and label in ("overall", r["category"])]
                 return metrics.geometric_mean([
-                    metrics.modeled_tokens_per_s(r, costs) if linear
-                    else r["new_tokens"] / length_priced_seconds(r, verify_seconds, draft_step) for r in mine])
+                    metrics.modeled_tokens_per_s(r, costs if linear else by_length) for r in mine])
             best_linear = max(fixed, key=lambda n: speed(n, True))
             best_length = max(fixed, key=lambda n: speed(n, False))
             rows.append((label, best_linear, best_length, {
@@ -110,16 +86,33 @@ def reprice(results: dict, verify_seconds: dict[int, float], draft_step: float) 
     return out
 
 
-def measure(max_k: int, repeats: int, data_dir: Path) -> tuple[dict[int, list[float]], list[float], int]:
+def cached_ids(pair, data_dir: Path, cached_tokens: int | None) -> torch.Tensor:
+    """`[1, L]` ids to prefill: the quick profile's first prompt (L = 51 with the reference tokenizer), or, with
+    `cached_tokens`, the quick profile's prompts chat-encoded one after another and cut to that many tokens, so that
+    the verify forwards attend over a cache as long as a round's late in a 128-token answer."""
+    pool = data.load_question_prompts(data_dir / data.SPECBENCH_FILE, 64)
+    pool, _ = data.drop_long(pool, 300)
+    prompts = data.select_balanced(pool, 1, "shortest", 0)
+    if cached_tokens is None:
+        return pair.encode(prompts[0].text)["input_ids"]
+    pieces, total = [], 0
+    for prompt in prompts:
+        pieces.append(pair.encode(prompt.text)["input_ids"])
+        total += pieces[-1].shape[1]
+        if total >= cached_tokens:
+            return torch.cat(pieces, dim=1)[:, :cached_tokens]
+    raise ValueError(f"--cached-tokens {cached_tokens}: the quick profile's prompts give only {total} tokens; "
+                     "pass at most that many")
+
+
+def measure(max_k: int, repeats: int, data_dir: Path,
+            cached_tokens: int | None = None) -> tuple[dict[int, list[float]], list[float], int]:
     """(k → verify seconds of each pass, draft-step seconds, cached prompt tokens) on the reference pair."""
     from benchmarks.models import load_pair
     from transformers import DynamicCache
 
-    pool = data.load_question_prompts(data_dir / data.SPECBENCH_FILE, 64)
-    pool, _ = data.drop_long(pool, 300)
-    prompt = data.select_balanced(pool, 1, "shortest", 0)[0]
     pair = load_pair("qwen")
-    ids = pair.encode(prompt.text)["input_ids"]
+    ids = cached_ids(pair, data_dir, cached_tokens)
     length = ids.shape[1]
     verify: dict[int, list[float]] = {k: [] for k in range(max_k + 1)}
     draft_steps: list[float] = []
@@ -152,6 +145,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, as in run.py")
     parser.add_argument("--reprice", type=Path, nargs="*", default=[], help="draft-length reports to price again")
     parser.add_argument("--measured", type=Path, default=None, help="reuse the measurement of an earlier JSON")
+    parser.add_argument("--cached-tokens", type=int, default=None, help="tokens in the cache the verify forwards "
+                        "attend over (default: the first quick-profile prompt's, 51)")
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--name", default="verify-cost")
     args = parser.parse_args(argv)
@@ -161,7 +156,7 @@ def main(argv: list[str] | None = None) -> dict:
         verify = {int(k): v for k, v in previous["verify_seconds_per_pass"].items()}
         draft_steps, prompt_tokens = previous["draft_step_seconds"], previous["prompt_tokens"]
     else:
-        verify, draft_steps, prompt_tokens = measure(args.max_k, args.repeats, args.data_dir)
+        verify, draft_steps, prompt_tokens = measure(args.max_k, args.repeats, args.data_dir, args.cached_tokens)
     medians = {k: statistics.median(v) for k, v in verify.items()}
     draft_step = statistics.median(draft_steps)
     lines = [f"# Verify cost by draft length: reference pair, {torch.get_num_threads()} threads, "

@@ -778,13 +778,30 @@ def test_replay_makes_the_live_loops_rounds_on_worked_runs():
     # accept all and emit 4, 4, 2.
     runs = list(range(10, 0, -1))
     assert replay.replay(methods.build_policy("constant", 3, 5), runs, 10, COSTS) == {
-        "target_forwards": 3, "draft_forwards": 7, "new_tokens": 10}
+        "target_forwards": 3, "draft_forwards": 7, "new_tokens": 10, "rounds_by_length": {3: 2, 1: 1}}
     # Predictions wrong at positions 2 and 5 (0-based) of 8: runs 2 1 0 2 1 0 2 1; γ = 3 rounds start at 0 (accept
     # 2, emit 3), 3 (accept 2, emit 3), 6 (budget 1, accept 1, emit 2).
     runs = replay.accepted_runs([1, 1, 0, 1, 1, 0, 1, 1], [1] * 8)
     assert runs == [2, 1, 0, 2, 1, 0, 2, 1]
     assert replay.replay(methods.build_policy("constant", 3, 5), runs, 8, COSTS) == {
-        "target_forwards": 3, "draft_forwards": 7, "new_tokens": 8}
+        "target_forwards": 3, "draft_forwards": 7, "new_tokens": 8, "rounds_by_length": {3: 2, 1: 1}}
+
+
+def test_replay_prices_rounds_by_length_with_per_length_costs():
+    # γ = 3 over 10 right predictions: rounds of 3, 3, 1. Per-length costs v(1) = 0.6, v(3) = 0.7, d = 0.1: the policy
+    # sees 0.7 + 0.3 = 1.0 s for a round of 3 and 0.6 + 0.1 = 0.7 s for the last; the line (0.5 + 0.1·k) would give
+    # 0.8 and 0.6. The generation is priced 2·0.7 + 0.6 + 7·0.1 = 2.7 s.
+    per_length = {"verify_seconds": {0: 0.5, 1: 0.6, 2: 0.9, 3: 0.7}, "seconds_per_draft_forward": 0.1}
+    policy = methods.build_policy("constant", 3, 5)
+    seen = []
+    policy.observe = seen.append
+    counts = replay.replay(policy, list(range(10, 0, -1)), 10, per_length)
+    assert [(o.num_drafted, o.seconds) for o in seen] == [(3, pytest.approx(1.0)), (3, pytest.approx(1.0)),
+                                                          (1, pytest.approx(0.7))]
+    assert metrics.modeled_seconds(counts, per_length) == pytest.approx(2.7)
+    assert metrics.modeled_seconds(counts, COSTS) == pytest.approx(3 * 0.5 + 7 * 0.1)
+    with pytest.raises(ValueError, match=r"k = \[5\].*--max-k"):
+        replay.replay(methods.build_policy("constant", 5, 5), list(range(10, 0, -1)), 10, per_length)
 
 
 @pytest.mark.parametrize("entropy_nats", [0.0, 0.01, 0.6, 1.25, 3.0, 7.5])
@@ -800,7 +817,7 @@ def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
     # meets only H = 0.1 and drafts all 5 (the last is not asked), accepting them and emitting the remaining 6.
     entropies = [0.1, 0.1, 0.9] + [0.1] * 7
     counts = replay.replay(methods.build_policy("svip", None, 5), list(range(10, 0, -1)), 10, COSTS, entropies)
-    assert counts == {"target_forwards": 2, "draft_forwards": 8, "new_tokens": 10}
+    assert counts == {"target_forwards": 2, "draft_forwards": 8, "new_tokens": 10, "rounds_by_length": {3: 1, 5: 1}}
     # Runs 1 0 4 3 2 1 (wrong prediction at position 1), H = 0.9 at position 3 only. Round at 0 (budget 5) stops after
     # its 4th token, past the wrong one: accepts 1, emits 2. Round at 2 (budget 3) stops after its 2nd (position 3
     # again): accepts 2, emits 3. Round at 5: budget 0, emits the last token. With H = 0.1 everywhere, the rounds at 0
@@ -808,15 +825,17 @@ def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
     runs = replay.accepted_runs([1, 0, 1, 1, 1, 1], [1] * 6)
     assert runs == [1, 0, 4, 3, 2, 1]
     stops = replay.replay(methods.build_policy("svip", None, 5), runs, 6, COSTS, [0.1, 0.1, 0.1, 0.9, 0.1, 0.1])
-    assert stops == {"target_forwards": 3, "draft_forwards": 4 + 2, "new_tokens": 6}
+    assert stops == {"target_forwards": 3, "draft_forwards": 4 + 2, "new_tokens": 6,
+                     "rounds_by_length": {4: 1, 2: 1, 0: 1}}
     never_stops = replay.replay(methods.build_policy("svip", None, 5), runs, 6, COSTS, [0.1] * 6)
-    assert never_stops == {"target_forwards": 2, "draft_forwards": 5 + 3, "new_tokens": 6}
+    assert never_stops == {"target_forwards": 2, "draft_forwards": 5 + 3, "new_tokens": 6,
+                           "rounds_by_length": {5: 1, 3: 1}}
     # An output of 4 tokens that ended with an EOS (max_new_tokens 10), every prediction right: the per-token round
     # (budget 9) ends after drafting the EOS, as live; a fixed budget of 9 drafts on past it.
     at_eos = replay.replay(methods.build_policy("svip", None, 40), [4, 3, 2, 1], 10, COSTS, [0.1] * 4)
-    assert at_eos == {"target_forwards": 1, "draft_forwards": 4, "new_tokens": 4}
+    assert at_eos == {"target_forwards": 1, "draft_forwards": 4, "new_tokens": 4, "rounds_by_length": {4: 1}}
     fixed = replay.replay(methods.build_policy("constant", None, 9), [4, 3, 2, 1], 10, COSTS, [0.1] * 4)
-    assert fixed == {"target_forwards": 1, "draft_forwards": 9, "new_tokens": 4}
+    assert fixed == {"target_forwards": 1, "draft_forwards": 9, "new_tokens": 4, "rounds_by_length": {9: 1}}
 
 
 def test_replay_held_out_selection_leaves_out_the_tuning_prompts():
@@ -909,6 +928,24 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
     again = replay.main(argv + ["--name", "again", "--traces", str(tmp_path / "out" / "first.json")],
                         load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
     assert again["records"] == results["records"]
+    # Per-length costs (a verify_cost.py JSON) instead of the line: fixed lengths make the same rounds; v(2) is priced.
+    verify_file = tmp_path / "verify.json"
+    verify = {str(k): 0.5 + (0.4 if k == 2 else 0.05 * k) for k in range(13)}
+    verify_file.write_text(json.dumps({"verify_seconds": verify, "draft_step": 0.1, "prompt_tokens": 51}))
+    without_costs = argv[:4] + argv[6:] + ["--traces", str(tmp_path / "out" / "first.json")]
+    by_length = replay.main(without_costs + ["--name", "by_length", "--verify-cost", str(verify_file)],
+                            load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
+
+    def fixed_counts(records):
+        return [(r["target_forwards"], r["draft_forwards"]) for r in records if "/constant:" in r["method"]]
+
+    assert fixed_counts(by_length["records"]) == fixed_counts(results["records"])
+    text = (tmp_path / "out" / "by_length.md").read_text()
+    assert "per-length costs measured in `verify.json` (51 cached tokens)" in text and "v(2) = 0.900 s" in text
+    both = without_costs + ["--costs", str(costs_file), "--verify-cost", str(verify_file)]
+    for neither_or_both in (without_costs, both):
+        with pytest.raises(ValueError, match="expected exactly one"):
+            replay.main(neither_or_both, load_pair=tiny_pair)
     live = [{**r, "target_forwards": r["target_forwards"] + (r["prompt_id"].endswith(":3"))}
             for r in results["records"] if r["method"] == "semspec:exact/constant:2"]
     (tmp_path / "live_run.json").write_text(json.dumps({"records": live}))

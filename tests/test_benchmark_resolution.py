@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from benchmarks import anchored, report, resolution, verify_cost
+from benchmarks import anchored, metrics, report, resolution, verify_cost
 
 # Modeled tokens/s = 60 new tokens / F at 1 s per target forward and nothing per draft.
 COSTS = {"seconds_per_target_forward": 1.0, "seconds_per_draft_forward": 0.0}
@@ -114,13 +114,19 @@ def test_rounds_by_length_reads_the_per_position_counts():
     # k = 4; 6 target forwards, so one round drafted nothing.
     record = {"target_forwards": 6, "draft_forwards": 12,
               "acceptance_stats": {"drafted_per_position": [5, 3, 3, 1]}}
-    assert verify_cost.rounds_by_length(record) == {1: 2, 3: 2, 4: 1, 0: 1}
-    assert verify_cost.rounds_by_length({"target_forwards": 9, "acceptance_stats": None}) == {0: 9}  # plain
+    assert metrics.rounds_by_length(record) == {1: 2, 3: 2, 4: 1, 0: 1}
+    assert metrics.rounds_by_length({"target_forwards": 9, "acceptance_stats": None}) == {0: 9}  # plain
+    assert metrics.rounds_by_length({"rounds_by_length": {"2": 3}}) == {2: 3}  # a replayed record's, keys from JSON
     # 1·v(0) + 2·v(1) + 2·v(3) + 1·v(4) + 12 drafts · 0.1 = 0.5 + 1.2 + 1.4 + 0.8 + 1.2.
-    verify = {0: 0.5, 1: 0.6, 2: 0.9, 3: 0.7, 4: 0.8}
-    assert verify_cost.length_priced_seconds(record, verify, 0.1) == pytest.approx(5.1)
-    with pytest.raises(ValueError, match=r"no verify time measured for k = \[4\] \(measured up to 3\).*--max-k"):
-        verify_cost.length_priced_seconds(record, {k: v for k, v in verify.items() if k < 4}, 0.1)
+    costs = {"verify_seconds": {0: 0.5, 1: 0.6, 2: 0.9, 3: 0.7, 4: 0.8}, "seconds_per_draft_forward": 0.1}
+    assert metrics.modeled_seconds(record, costs) == pytest.approx(5.1)
+    assert metrics.round_seconds(costs, 2) == pytest.approx(0.9 + 2 * 0.1)
+    assert metrics.round_seconds({"seconds_per_target_forward": 1.0, "seconds_per_draft_forward": 0.1}, 2) == 1.2
+    short = {**costs, "verify_seconds": {k: v for k, v in costs["verify_seconds"].items() if k < 4}}
+    with pytest.raises(ValueError, match=r"no verify time measured for k = \[4\] .*\(measured up to 3\).*--max-k"):
+        metrics.modeled_seconds(record, short)
+    with pytest.raises(ValueError, match=r"k = \[7\]"):
+        metrics.round_seconds(short, 7)
 
 
 def test_reprice_ranks_by_the_per_length_cost():

@@ -492,13 +492,16 @@ def test_tapout_converges_to_the_best_arm(bandit, reward):
     assert max(values, key=lambda n: values[n]["mean_reward"]) == "heuristic"
 
 
-def test_tapout_fitted_reward_worked_example():
+@pytest.mark.parametrize("round_time", ["per_length", "line"])
+def test_tapout_fitted_reward_worked_example(round_time):
+    # With two lengths timed the line goes through each length's mean time, so both round times price alike.
     # Arms drafting k = 2 (A) and k = 6 (B); UCB1 plays A, B, then B (indices 3/3.5 + sqrt(2 ln 2) = 2.03 and
     # 1 + 1.18 = 2.18). Rounds (k, accepted, seconds): (2, 2, 1.0): one length timed, so ŝ(2) = 1.0 and A earns
     # 3 / 1.0 = 3. (6, 6, 2.0): the line through (2, 1.0), (6, 2.0) is ŝ(k) = 0.5 + 0.25·k, B earns 7 / 2.0 = 3.5.
     # (6, 1, 2.6): the line through the three becomes ŝ(k) = 0.35 + 0.325·k, ŝ(2) = 1.0, ŝ(6) = 2.3, and B's first
     # round is re-priced: B's mean is (7 + 2) / 2.3 / 2 = 1.957, A's stays 3.
-    policy = TapOutPolicy(TapOutConfig(arms=["constant:2", "constant:6"], reward="tokens_per_fitted_second"))
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:2", "constant:6"], reward="tokens_per_fitted_second",
+                                       round_time=round_time))
     means = []
     for drafted, accepted, seconds in [(2, 2, 1.0), (6, 6, 2.0), (6, 1, 2.6)]:
         assert policy.max_tokens() == drafted
@@ -509,6 +512,27 @@ def test_tapout_fitted_reward_worked_example():
     t_0, t_1 = policy.round_costs.coefficients()
     assert (t_0, t_1) == (pytest.approx(0.35), pytest.approx(0.325))
     assert policy._scale() == pytest.approx(7 / 2.3)  # R: B's first round at the new price
+
+
+@pytest.mark.parametrize("round_time, expected_means, next_arm", [
+    ("line", {"constant:1": 2.286, "constant:2": 3.158, "constant:3": 2.927}, 2),
+    ("per_length", {"constant:1": 2.4, "constant:2": 2.903, "constant:3": 3.051}, 3),
+])
+def test_tapout_prices_a_round_by_its_length(round_time, expected_means, next_arm):
+    # A verify forward's time need not be linear in k (on the reference CPU 3 tokens cost more than 4). Arms drafting
+    # 1, 2, 3 are played once each: (k, accepted, seconds) = (1, 1, 0.75), (2, 2, 1.2), (3, 2, 0.9). The line through
+    # them is ŝ(k) = 0.8 + 0.075·k: ŝ = 0.875, 0.95, 1.025, so k = 2's 3 tokens earn 3 / 0.95 = 3.158 and k = 3's
+    # 3 tokens 3 / 1.025 = 2.927. Per length, each mean is shrunk toward the line by 2 pseudo-rounds:
+    # t̂(1) = (0.75 + 2·0.875) / 3 = 0.833, t̂(2) = (1.2 + 1.9) / 3 = 1.033, t̂(3) = (0.9 + 2.05) / 3 = 0.983, and the
+    # rewards are 2 / 0.833 = 2.4, 3 / 1.033 = 2.903, 3 / 0.983 = 3.051. With equal pulls UCB1's bonuses are equal, so
+    # round 4 goes to the best mean: the 2-draft arm under the line, the 3-draft arm per length.
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:1", "constant:2", "constant:3"], bandit="ucb1",
+                                       reward="tokens_per_fitted_second", round_time=round_time))
+    for drafted, accepted, seconds in [(1, 1, 0.75), (2, 2, 1.2), (3, 2, 0.9)]:
+        assert policy.max_tokens() == drafted
+        policy.observe(outcome(drafted, accepted, seconds))
+    assert {name: round(v["mean_reward"], 3) for name, v in policy.arm_values().items()} == expected_means
+    assert policy.max_tokens() == next_arm
 
 
 def test_tapout_fitted_reward_sees_through_noisy_round_times():

@@ -235,8 +235,9 @@ def draft_length_section(results: dict) -> list[str]:
     records = results.get("records") or []
     # Results written before the cost model existed lack it: fit it from their records.
     costs = agg["cost_model"] if "cost_model" in agg else metrics.fit_round_costs(records)
+    per_length = agg.get("per_length_costs")
     if costs is None:
-        return lines
+        return lines + (_per_length_tables(described, records, list(measured), per_length) if per_length else [])
     modeled: dict[str, dict[str, float | None]] = {}
     for label in measured:
         for m in described:
@@ -255,8 +256,32 @@ def draft_length_section(results: dict) -> list[str]:
         "to the best `constant` length in the row.", "",
     ]
     lines += _policy_tables(described, modeled, " tok/s")
+    if per_length is not None:
+        lines += _per_length_tables(described, records, list(measured), per_length)
     lines += resolution.section(described, records, costs)
     return lines
+
+
+def _per_length_tables(described: list[dict], records: list[dict], labels: list[str], costs: dict) -> list[str]:
+    """The modeled comparison again with each round priced by its length (`metrics.modeled_seconds` under the
+    per-length `costs` that `--verify-cost` stored): a line in F and D misses that a CPU's verify forward is not
+    linear in the tokens it verifies."""
+    verify = {int(k): v for k, v in costs["verify_seconds"].items()}
+    values: dict[str, dict[str, float | None]] = {}
+    for label in labels:
+        for m in described:
+            mine = [r for r in records if r["method"] == m["name"] and label in ("overall", r["category"])]
+            values.setdefault(label, {})[m["name"]] = (
+                metrics.geometric_mean([metrics.modeled_tokens_per_s(r, costs) for r in mine]) if mine else None)
+    return [
+        "### The same comparison priced by length", "",
+        f"Each round priced by the verify forward's time measured at its length, v(k), plus "
+        f"{costs['seconds_per_draft_forward']:.3f} s per drafted token (`{costs['source']}`, "
+        f"{costs['cached_tokens']} cached tokens; v(0) = {verify[0]:.3f} s, v(2) = {verify[2]:.3f} s, "
+        f"v(3) = {verify[3]:.3f} s, v(8) = {verify[8]:.3f} s): modeled tokens/s = new tokens / (Σ_k n_k·v(k) + d·D), "
+        "n_k the generation's rounds that drafted k. Measured apart from the run; the line above is the "
+        "run's own.", "",
+    ] + _policy_tables(described, values, " tok/s")
 
 
 def _policy_tables(described: list[dict], values: dict[str, dict[str, float | None]], unit: str) -> list[str]:
@@ -330,14 +355,21 @@ def write_plot(path: Path, results: dict) -> bool:
 
 def main(argv: list[str] | None = None) -> None:
     """`python -m benchmarks.report RESULTS.json`: writes RESULTS.md (and the plot) again from a results file, e.g.
-    after the report gained a table; the measurements are not touched."""
+    after the report gained a table; the measurements are not touched (`--verify-cost` adds the per-length costs to
+    the file's aggregates)."""
     import argparse
 
     parser = argparse.ArgumentParser(description=main.__doc__)
     parser.add_argument("results", type=Path, help="a JSON file written by benchmarks/run.py")
     parser.add_argument("--no-plot", action="store_true", help="leave the PNG as it is")
+    parser.add_argument("--verify-cost", type=Path, default=None, help="a benchmarks/verify_cost.py JSON: stored in "
+                        "the results (aggregates.per_length_costs), so that the report also prices every round by "
+                        "its length")
     args = parser.parse_args(argv)
     results = json.loads(args.results.read_text(encoding="utf-8"))
+    if args.verify_cost is not None:
+        results["aggregates"]["per_length_costs"] = metrics.per_length_costs(args.verify_cost)
+        markdown.write_json(args.results, results)
     args.results.with_suffix(".md").write_text(render_markdown(results), encoding="utf-8")
     if not args.no_plot:
         write_plot(args.results.with_suffix(".png"), results)

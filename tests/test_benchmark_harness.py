@@ -416,6 +416,21 @@ def test_draft_length_section_adds_the_modeled_comparison():
     assert "0.500 s per target forward" in text and "6% (SD)" in text
     assert "| coding | `constant:8` 4.10 tok/s | 4.27 tok/s (1.04) |" in text  # 64 / 15.6 and 64 / 15
     assert "`tapout` 1 of 1" in text
+    assert "priced by length" not in text
+    # Priced by length (report.py --verify-cost): the same F and D as rounds of each length. constant:3 made 20
+    # rounds of 3 and 4 of none, constant:8 12 rounds of 8, tapout 5 of 2, 10 of 6 and 1 of none. With v(0) = v(3) =
+    # 0.5, v(2) = 0.9, v(6) = 0.55, v(8) = 0.6 and 0.1 s per draft: 20·0.5 + 4·0.5 + 6 = 18, 12·0.6 + 9.6 = 16.8,
+    # 5·0.9 + 10·0.55 + 0.5 + 7 = 17.5 s, so tapout's rounds of 2 make it 0.96 of constant:8 instead of 1.04.
+    for record, rounds in zip(records, [{3: 20, 0: 4}, {8: 12}, {2: 5, 6: 10, 0: 1}]):
+        record["rounds_by_length"] = rounds
+    results["aggregates"]["per_length_costs"] = {
+        "verify_seconds": {"0": 0.5, "2": 0.9, "3": 0.5, "6": 0.55, "8": 0.6}, "seconds_per_draft_forward": 0.1,
+        "cached_tokens": 51, "source": "verify.json"}
+    text = "\n".join(report.draft_length_section(results))
+    by_length = text[text.index("### The same comparison priced by length"):]
+    assert "`verify.json`, 51 cached tokens; v(0) = 0.500 s, v(2) = 0.900 s" in by_length
+    assert "| coding | `constant:8` 3.81 tok/s | 3.66 tok/s (0.96) |" in by_length  # 64 / 16.8 and 64 / 17.5
+    assert "`tapout` 0 of 1" in by_length
 
 
 def test_end_to_end_with_draft_length_policies(tmp_path):
@@ -433,6 +448,16 @@ def test_end_to_end_with_draft_length_policies(tmp_path):
         assert overall[name]["identical_to_plain"] == 1.0  # every policy keeps exact lossless
     assert len(overall["semspec:exact/constant:2"]["acceptance"]["drafted_per_position"]) == 2
     assert "γ (drafted/round)" in (tmp_path / "out" / "quick.md").read_text()
+    # report.py --verify-cost stores the per-length costs in the results and prices the rounds by length.
+    verify = tmp_path / "verify.json"
+    verify.write_text(json.dumps({"verify_seconds": {str(k): 0.5 + 0.01 * k for k in range(41)}, "draft_step": 0.1,
+                                  "prompt_tokens": 51}))
+    report.main([str(tmp_path / "out" / "quick.json"), "--no-plot", "--verify-cost", str(verify)])
+    stored = json.loads((tmp_path / "out" / "quick.json").read_text())
+    assert stored["aggregates"]["per_length_costs"]["source"] == "verify.json"
+    assert stored["records"] == json.loads(json.dumps(results["records"], default=str))  # measurements untouched
+    text = (tmp_path / "out" / "quick.md").read_text()
+    assert "### The same comparison priced by length" in text and "`verify.json`, 51 cached tokens" in text
 
 
 def test_rules_that_need_a_pruned_drafter_use_it():

@@ -96,8 +96,12 @@ length.md`, ratio to the best fixed length, 30 / 29 prompts × 128 tokens): `rou
 3% in 8 / 8 of 10 categories; `"per_length"` 1.08 / 1.10, 9 / 10 of 10 (`cost_aware` alone 1.09 / 1.11). With each
 round's time scattered by exp(0.15·z) (10 seeds, `-by-length-noise.md`): 2.93 → 2.97 and 3.02 → 3.01 tokens/s, so at
 most a point or two once the timing noise is in. Where round time is linear in k the two coincide: replayed under
-the line of `draft-length-bandits.json`, both give 1.09 / 1.10. The live figures in this docstring before this
-paragraph were measured with the line.
+the line of `draft-length-bandits.json`, both give 1.09 / 1.10. Live with `exact`
+(`benchmarks/results/draft-length-round-time.md`, quick profile, 10 prompts × 64 tokens, both in one run): measured
+tokens/s 1.06× γ = 3's with "per_length" and 0.99× with "line"; merged into the fixed-length sweep
+(`draft-length-round-time-merged.md`), modeled 1.05 against 1.02 of the best fixed length, within 3% in 7 against 5
+of 10 categories, and priced by length 1.03 against 1.01 (7 against 4). The live figures in this docstring before
+this paragraph were measured with the line.
 
 Why these defaults (ours): UCB-Tuned with "tokens_per_fitted_second". Against UCB1 with "tokens_per_second" (the
 paper's main variant, and this package's defaults before these measurements), in points of the ratio to the best

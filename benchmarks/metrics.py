@@ -348,6 +348,12 @@ def per_length_costs(path: Path) -> dict:
             "source": Path(path).name}
 
 
+def describe_verify_seconds(costs: dict, lengths=(0, 2, 3, 8)) -> str:
+    """"v(0) = 0.521 s, v(2) = 0.967 s, …" for those of `lengths` that per-length `costs` measured."""
+    verify = {int(k): v for k, v in costs["verify_seconds"].items()}
+    return ", ".join(f"v({k}) = {verify[k]:.3f} s" for k in lengths if k in verify)
+
+
 def _verify_seconds(costs: dict, lengths) -> dict[int, float]:
     """Per-length `costs`' k → v(k) (int keys also after a JSON round trip); raises when one of `lengths` is missing."""
     verify = {int(k): v for k, v in costs["verify_seconds"].items()}

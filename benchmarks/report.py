@@ -266,7 +266,6 @@ def _per_length_tables(described: list[dict], records: list[dict], labels: list[
     """The modeled comparison again with each round priced by its length (`metrics.modeled_seconds` under the
     per-length `costs` that `--verify-cost` stored): a line in F and D misses that a CPU's verify forward is not
     linear in the tokens it verifies."""
-    verify = {int(k): v for k, v in costs["verify_seconds"].items()}
     values: dict[str, dict[str, float | None]] = {}
     for label in labels:
         for m in described:
@@ -277,8 +276,8 @@ def _per_length_tables(described: list[dict], records: list[dict], labels: list[
         "### The same comparison priced by length", "",
         f"Each round priced by the verify forward's time measured at its length, v(k), plus "
         f"{costs['seconds_per_draft_forward']:.3f} s per drafted token (`{costs['source']}`, "
-        f"{costs['cached_tokens']} cached tokens; v(0) = {verify[0]:.3f} s, v(2) = {verify[2]:.3f} s, "
-        f"v(3) = {verify[3]:.3f} s, v(8) = {verify[8]:.3f} s): modeled tokens/s = new tokens / (Σ_k n_k·v(k) + d·D), "
+        f"{costs['cached_tokens']} cached tokens; {metrics.describe_verify_seconds(costs)}): modeled tokens/s = "
+        "new tokens / (Σ_k n_k·v(k) + d·D), "
         "n_k the generation's rounds that drafted k. Measured apart from the run; the line above is the "
         "run's own.", "",
     ] + _policy_tables(described, values, " tok/s")

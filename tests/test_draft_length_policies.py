@@ -535,6 +535,14 @@ def test_tapout_prices_a_round_by_its_length(round_time, expected_means, next_ar
     assert policy.max_tokens() == next_arm
 
 
+def test_tapout_round_time_needs_the_fitted_reward():
+    TapOutConfig(reward="tokens_per_fitted_second", round_time="line").validate()
+    TapOutConfig(reward="tokens_per_second").validate()  # the default round_time is left alone
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['round_time'\]` = 'line' is not valid: "
+                       r"allowed 'per_length' \(the default\) with reward='tokens_per_second'.*Fix: drop round_time"):
+        TapOutConfig(reward="tokens_per_second", round_time="line").validate()
+
+
 def test_tapout_fitted_reward_sees_through_noisy_round_times():
     # Two fixed lengths on text whose drafts are each rejected with probability 0.3, rounds costing 1 + 0.2·k seconds
     # times a log-normal noise (σ = 0.4): γ = 2 gives E / C = 2.19 / 1.4 = 1.56 tokens/s, γ = 6 gives 3.06 / 2.2 =

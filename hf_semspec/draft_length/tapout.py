@@ -204,6 +204,12 @@ class TapOutConfig(DraftLengthConfig):
     )
 
     def _validate_extra(self) -> None:
+        if self.round_time != "per_length" and self.reward != "tokens_per_fitted_second":
+            raise invalid_value(
+                f"{self.argument_name}['round_time']", self.round_time,
+                f"'per_length' (the default) with reward={self.reward!r}: only reward='tokens_per_fitted_second' "
+                "prices rounds by a fitted time",
+                "drop round_time, or pass reward='tokens_per_fitted_second'")
         if self.arms is None:
             return
         label = f"{self.argument_name}['arms']"

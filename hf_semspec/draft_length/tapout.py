@@ -98,10 +98,13 @@ round's time scattered by exp(0.15·z) (10 seeds, `-by-length-noise.md`): 2.93 �
 most a point or two once the timing noise is in. Where round time is linear in k the two coincide: replayed under
 the line of `draft-length-bandits.json`, both give 1.09 / 1.10. Live with `exact`
 (`benchmarks/results/draft-length-round-time.md`, quick profile, 10 prompts × 64 tokens, both in one run): measured
-tokens/s 1.06× γ = 3's with "per_length" and 0.99× with "line"; merged into the fixed-length sweep
-(`draft-length-round-time-merged.md`), modeled 1.05 against 1.02 of the best fixed length, within 3% in 7 against 5
-of 10 categories, and priced by length 1.03 against 1.01 (7 against 4). The live figures in this docstring before
-this paragraph were measured with the line.
+tokens/s 1.060× γ = 3's with "per_length" and 0.989× with "line" (`exact-round-time-over-anchor.md`); merged into
+the fixed-length sweep (`draft-length-round-time-merged.md`), modeled 1.05 against 1.02 of the best fixed length,
+within 3% in 7 against 5 of 10 categories, and priced by length 1.03 against 1.01 (7 against 4). With `fly` it is a
+tie (`draft-length-fly-round-time-3-per-category.md`, 30 prompts × 64 tokens, two runs with both variants): measured
+over γ = 3 in the same runs 1.055× ("per_length") against 1.057× ("line") (`fly-round-time-over-anchor.md`), modeled
+1.09 against 1.09 of the best fixed length (within 3% in 8 against 9 of 10 categories), priced by length 1.04
+against 1.03 (6 against 6). The live figures in this docstring before this paragraph were measured with the line.
 
 Why these defaults (ours): UCB-Tuned with "tokens_per_fitted_second". Against UCB1 with "tokens_per_second" (the
 paper's main variant, and this package's defaults before these measurements), in points of the ratio to the best

@@ -348,10 +348,16 @@ def per_length_costs(path: Path) -> dict:
             "source": Path(path).name}
 
 
-def describe_verify_seconds(costs: dict, lengths=(0, 2, 3, 8)) -> str:
-    """"v(0) = 0.521 s, v(2) = 0.967 s, …" for those of `lengths` that per-length `costs` measured."""
+def describe_costs(costs: dict, lengths=(0, 2, 3, 8)) -> str:
+    """In words, what a round costs under `costs`: the line's two prices, or, for per-length costs, their source and
+    v(k) at those of `lengths` that were measured."""
+    per_draft = f"{costs['seconds_per_draft_forward']:.3f} s per drafted token"
+    if "verify_seconds" not in costs:
+        return f"{costs['seconds_per_target_forward']:.3f} s per target forward + {per_draft}"
     verify = {int(k): v for k, v in costs["verify_seconds"].items()}
-    return ", ".join(f"v({k}) = {verify[k]:.3f} s" for k in lengths if k in verify)
+    measured = ", ".join(f"v({k}) = {verify[k]:.3f} s" for k in lengths if k in verify)
+    return (f"per-length costs measured in `{costs['source']}` ({costs['cached_tokens']} cached tokens): v(k) + "
+            f"{per_draft} ({measured})")
 
 
 def _verify_seconds(costs: dict, lengths) -> dict[int, float]:

@@ -216,12 +216,9 @@ def check_against(results_path: Path, records: list[dict], costs: dict, methods:
 def render(results: dict) -> str:
     costs = results["costs"]
     if "verify_seconds" in costs:
-        priced = (f"the per-length costs measured in `{costs['source']}` ({costs['cached_tokens']} cached tokens): "
-                  f"a round drafting k costs v(k) + {costs['seconds_per_draft_forward']:.3f} s·k, "
-                  f"{metrics.describe_verify_seconds(costs)}. Modeled tokens/s = new tokens / (Σ_k n_k·v(k) + d·D)")
+        priced = f"the {metrics.describe_costs(costs)}. Modeled tokens/s = new tokens / (Σ_k n_k·v(k) + d·D)"
     else:
-        priced = (f"the cost model of `{costs['source']}`: {costs['seconds_per_target_forward']:.3f} s per target "
-                  f"forward + {costs['seconds_per_draft_forward']:.3f} s per drafted token. Modeled tokens/s = new "
+        priced = (f"the cost model of `{costs['source']}`: {metrics.describe_costs(costs)}. Modeled tokens/s = new "
                   "tokens / (a·F + b·D)")
     lines = [
         "# Replayed draft-length policies (`exact`, greedy)", "",

@@ -238,12 +238,7 @@ def draft_length_section(results: dict) -> list[str]:
     per_length = agg.get("per_length_costs")
     if costs is None:
         return lines + (_per_length_tables(described, records, list(measured), per_length) if per_length else [])
-    modeled: dict[str, dict[str, float | None]] = {}
-    for label in measured:
-        for m in described:
-            mine = [r for r in records if r["method"] == m["name"] and label in ("overall", r["category"])]
-            value = metrics.geometric_mean([metrics.modeled_tokens_per_s(r, costs) for r in mine]) if mine else None
-            modeled.setdefault(label, {})[m["name"]] = value
+    modeled = _modeled_values(described, records, list(measured), costs)
     lines += [
         "### The same comparison without the timing noise (modeled decode time)", "",
         f"A least-squares fit over the run's {costs['generations']} hf_semspec generations gives "
@@ -262,24 +257,29 @@ def draft_length_section(results: dict) -> list[str]:
     return lines
 
 
-def _per_length_tables(described: list[dict], records: list[dict], labels: list[str], costs: dict) -> list[str]:
-    """The modeled comparison again with each round priced by its length (`metrics.modeled_seconds` under the
-    per-length `costs` that `--verify-cost` stored): a line in F and D misses that a CPU's verify forward is not
-    linear in the tokens it verifies."""
+def _modeled_values(described: list[dict], records: list[dict], labels: list[str],
+                    costs: dict) -> dict[str, dict[str, float | None]]:
+    """label ("overall" or a category) → method → geometric mean over its prompts of modeled tokens/s under `costs`
+    (None for a method with no record there)."""
     values: dict[str, dict[str, float | None]] = {}
     for label in labels:
         for m in described:
             mine = [r for r in records if r["method"] == m["name"] and label in ("overall", r["category"])]
             values.setdefault(label, {})[m["name"]] = (
                 metrics.geometric_mean([metrics.modeled_tokens_per_s(r, costs) for r in mine]) if mine else None)
+    return values
+
+
+def _per_length_tables(described: list[dict], records: list[dict], labels: list[str], costs: dict) -> list[str]:
+    """The modeled comparison again with each round priced by its length (`metrics.modeled_seconds` under the
+    per-length `costs` that `--verify-cost` stored): a line in F and D misses that a CPU's verify forward is not
+    linear in the tokens it verifies."""
+    values = _modeled_values(described, records, labels, costs)
     return [
         "### The same comparison priced by length", "",
-        f"Each round priced by the verify forward's time measured at its length, v(k), plus "
-        f"{costs['seconds_per_draft_forward']:.3f} s per drafted token (`{costs['source']}`, "
-        f"{costs['cached_tokens']} cached tokens; {metrics.describe_verify_seconds(costs)}): modeled tokens/s = "
-        "new tokens / (Σ_k n_k·v(k) + d·D), "
-        "n_k the generation's rounds that drafted k. Measured apart from the run; the line above is the "
-        "run's own.", "",
+        "Each round priced by the verify forward's time measured at its length, v(k): "
+        f"{metrics.describe_costs(costs)}. Modeled tokens/s = new tokens / (Σ_k n_k·v(k) + d·D), n_k the "
+        "generation's rounds that drafted k. Measured apart from the run; the line above is the run's own.", "",
     ] + _policy_tables(described, values, " tok/s")
 
 

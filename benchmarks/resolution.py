@@ -205,8 +205,7 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = len({r["prompt_id"] for r in records})
     text = "\n".join([f"# Per-category resolution: {prompts} prompts from {len(args.results)} file(s)", "",
                       f"Sources: {', '.join(f'`{p.name}`' for p in args.results)}; priced at "
-                      f"{costs['seconds_per_target_forward']:.3f} s per target forward and "
-                      f"{costs['seconds_per_draft_forward']:.3f} s per drafted token.", ""]
+                      f"{metrics.describe_costs(costs)}.", ""]
                      + section(methods, records, costs, heading="##")) + "\n"
     markdown.write_summary(args.output_dir, args.name, text, summary)
     return summary

@@ -179,8 +179,7 @@ def main(argv: list[str] | None = None) -> dict:
         on_line = reprice(results, line, draft_step)
         summary["repriced"][path.name] = {"by_length": repriced, "todays_line": on_line}
         lines += ["", f"## `{path.name}` priced by the line and by length", "",
-                  f"The report's line: {costs['seconds_per_target_forward']:.3f} s per target forward + "
-                  f"{costs['seconds_per_draft_forward']:.3f} s per drafted token. By length: v(k) above + "
+                  f"The report's line: {metrics.describe_costs(costs)}. By length: v(k) above + "
                   f"{draft_step:.3f} s per drafted token. Today's line: v(k) replaced by the line through it, weighted "
                   "by the report's rounds at each k (`fitted_line`), which separates the shape of v(k) from the change "
                   "of costs since the run. Each cell: ratio to the best fixed length of the row, priced by the "

@@ -428,7 +428,8 @@ def test_draft_length_section_adds_the_modeled_comparison():
         "cached_tokens": 51, "source": "verify.json"}
     text = "\n".join(report.draft_length_section(results))
     by_length = text[text.index("### The same comparison priced by length"):]
-    assert "`verify.json`, 51 cached tokens; v(0) = 0.500 s, v(2) = 0.900 s" in by_length
+    assert ("per-length costs measured in `verify.json` (51 cached tokens): v(k) + 0.100 s per drafted token "
+            "(v(0) = 0.500 s, v(2) = 0.900 s, v(3) = 0.500 s, v(8) = 0.600 s)") in by_length
     assert "| coding | `constant:8` 3.81 tok/s | 3.66 tok/s (0.96) |" in by_length  # 64 / 16.8 and 64 / 17.5
     assert "`tapout` 0 of 1" in by_length
 
@@ -457,7 +458,7 @@ def test_end_to_end_with_draft_length_policies(tmp_path):
     assert stored["aggregates"]["per_length_costs"]["source"] == "verify.json"
     assert stored["records"] == json.loads(json.dumps(results["records"], default=str))  # measurements untouched
     text = (tmp_path / "out" / "quick.md").read_text()
-    assert "### The same comparison priced by length" in text and "`verify.json`, 51 cached tokens" in text
+    assert "### The same comparison priced by length" in text and "in `verify.json` (51 cached tokens)" in text
 
 
 def test_rules_that_need_a_pruned_drafter_use_it():

@@ -98,6 +98,21 @@ def test_pool_writes_the_table_over_files_and_refuses_what_it_cannot_pool(tmp_pa
     assert [row["label"] for row in summary["rows"]["fly"]] == ["a", "b", "overall"]
     assert "| a | 3 | `constant:8` | 0.79 | 0.87 | 1.19 | 1.00 ± 0.26 |" in (tmp_path / "pooled.md").read_text()
     assert json.loads((tmp_path / "pooled.json").read_text())["rows"]["fly"][0]["prompts"] == 3
+    assert "priced at 1.000 s per target forward + 0.000 s per drafted token." in (tmp_path / "pooled.md").read_text()
+    # Replays priced by length (replay.py --verify-cost) pool alike: every round drafted nothing, v(0) = 1 s, so the
+    # same table, and the header names the measurement.
+    per_length = {"verify_seconds": {"0": 1.0}, "seconds_per_draft_forward": 0.0, "cached_tokens": 51,
+                  "source": "verify.json"}
+    for path, results in zip(paths, (first, second)):
+        records = [{**r, "rounds_by_length": {"0": r["target_forwards"]}} for r in results["records"]]
+        path.with_name(f"by_length_{path.name}").write_text(
+            json.dumps({**results, "costs": per_length, "records": records}), encoding="utf-8")
+    resolution.main([str(p.with_name(f"by_length_{p.name}")) for p in paths]
+                    + ["--name", "pooled_by_length", "--output-dir", str(tmp_path)])
+    text = (tmp_path / "pooled_by_length.md").read_text()
+    assert ("priced at per-length costs measured in `verify.json` (51 cached tokens): v(k) + 0.000 s per drafted "
+            "token (v(0) = 1.000 s).") in text
+    assert "| a | 3 | `constant:8` | 0.79 | 0.87 | 1.19 | 1.00 ± 0.26 |" in text
     with pytest.raises(ValueError, match=r"run0.json: prompts \['p1', 'q1'\] are already in an earlier file"):
         resolution.pool([paths[0], paths[0]])
     other = tmp_path / "other.json"

@@ -24,7 +24,11 @@ machine moved.
 What is written: the base run (its methods, records, machine and settings) plus the added run's records of the
 methods the base lacks, under `merged` the two files, the anchors and the machine drift (geometric mean over the
 prompts of plain's tokens/s in the added run over the base run's). Each record keeps the speed-up vs plain of its own
-run (the two runs' plain on the same prompt), so the measured table mixes two runs' noise. The modeled table prices
+run (the two runs' plain on the same prompt), so the measured table mixes two runs' noise. What does compare across
+the runs is each method's measured tokens/s over an anchor's in the run that timed both (`measured_over_anchor`, the
+report's "Measured over the anchor" table, as `benchmarks/anchored.py` computes it): the methods are interleaved per
+prompt within a run, and the anchor made the same forwards in both. Merging into a merge, the base's rows are those
+its own merge recorded. The modeled table prices
 every method's F and D at the base run's costs (`metrics.fit_round_costs` of the base records), so it compares what
 the methods did, independently of the run they were timed in.
 """
@@ -35,7 +39,7 @@ import argparse
 import json
 from pathlib import Path
 
-from . import markdown, metrics, report
+from . import anchored, markdown, metrics, report
 
 
 def _counts(results: dict, method: str) -> dict[str, tuple[int, int, int]]:
@@ -106,9 +110,14 @@ def merge_runs(base: dict, added: dict, base_path: str, added_path: str, changed
     methods = base["methods"] + new_methods
     aggregates = metrics.aggregate(records, [m["name"] for m in methods])
     aggregates["cost_model"] = metrics.run_cost_model(base)
+    _keep_per_length_costs(base, aggregates)
     plain_then, plain_now = ({r["prompt_id"]: r["tokens_per_s"] for r in run["records"] if r["method"] == "plain"}
                              for run in (base, added))
     drift = [plain_now[p] / plain_then[p] for p in plain_then if p in plain_now]
+    over_anchor = {anchor: {**_base_over_anchor(base, base_path, anchor),
+                            **{m["name"]: _measured_over_anchor(added, m["name"], anchor, added_path)
+                               for m in new_methods}}
+                   for anchor in anchors}
     merged = {
         "base": base_path,
         "added": added_path,
@@ -117,8 +126,34 @@ def merge_runs(base: dict, added: dict, base_path: str, added_path: str, changed
         "anchors": anchors,
         "anchor_generations": sum(len(_counts(added, name)) for name in anchors),
         "plain_speed_added_over_base": metrics.geometric_mean(drift) if drift else None,
+        "measured_over_anchor": over_anchor,
     }
     return {**base, "methods": methods, "aggregates": aggregates, "records": records, "merged": merged}
+
+
+def _keep_per_length_costs(base: dict, aggregates: dict) -> None:
+    """The base run's per-length costs (`--verify-cost`), if it has them: a measurement of the machine, not of the
+    records, so they hold for the merged records too."""
+    if "per_length_costs" in base["aggregates"]:
+        aggregates["per_length_costs"] = base["aggregates"]["per_length_costs"]
+
+
+def _measured_over_anchor(run: dict, method: str, anchor: str, run_file: str) -> dict:
+    """The geometric mean over prompts of the method's measured tokens/s over the anchor's in `run` (read from
+    `run_file`), and the prompts it is over."""
+    ratios = anchored.over_anchor(run, method, anchor)
+    return {"run": run_file, "ratio": metrics.geometric_mean(list(ratios.values())) if ratios else None,
+            "prompts": len(ratios)}
+
+
+def _base_over_anchor(base: dict, base_path: str, anchor: str) -> dict[str, dict]:
+    """`measured_over_anchor` of the base run's methods. A base that is itself a merge holds records of several
+    runs, so a method's records and the anchor's may not share a run: its rows are the ones its own merge recorded
+    (none for a merge made before the table existed)."""
+    if "merged" in base:
+        return dict(base["merged"].get("measured_over_anchor", {}).get(anchor, {}))
+    return {m["name"]: _measured_over_anchor(base, m["name"], anchor, base_path)
+            for m in base["methods"] if m["name"] != anchor}
 
 
 _SAME_OPTIONS = ("kind", "gamma", "rule", "rule_kwargs", "draft_length", "draft_length_config", "draft")
@@ -154,6 +189,7 @@ def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
     names = [m["name"] for m in added["methods"]]
     aggregates = metrics.aggregate(records, names)
     aggregates["cost_model"] = metrics.run_cost_model(base)
+    _keep_per_length_costs(base, aggregates)
     selection = {
         "summary": f"{base['selection']['summary']}; pooled with {added['selection']['summary']}",
         "prompt_ids": base["selection"]["prompt_ids"] + added["selection"]["prompt_ids"],
@@ -167,8 +203,11 @@ def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
         "added_prompts": len(added["selection"]["prompt_ids"]),
         "added_cost_model": metrics.run_cost_model(added),
     }
-    return {**base, "methods": added["methods"], "selection": selection, "aggregates": aggregates,
-            "records": records, "pooled": pooled}
+    pooled_results = {**base, "methods": added["methods"], "selection": selection, "aggregates": aggregates,
+                      "records": records, "pooled": pooled}
+    if "merged" in base:  # a merged base keeps its header; its measured-over-anchor table covers its prompts only
+        pooled_results["merged"] = {k: v for k, v in base["merged"].items() if k != "measured_over_anchor"}
+    return pooled_results
 
 
 def _name_pairs(pairs: list[str]) -> dict[str, str]:

@@ -172,6 +172,7 @@ def render_markdown(results: dict) -> str:
          "acceptance", "identical", "GSM8K acc. (n)"],
         rows,
     )
+    lines += _over_anchor_tables(results)
     lines += ["", "## Per category: τ / median speed-up vs plain", ""]
     rows = []
     for category, per_method in agg["per_category"].items():
@@ -211,6 +212,21 @@ def render_markdown(results: dict) -> str:
         lines += markdown.table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
                          "source"], rows)
     return "\n".join(lines) + "\n"
+
+
+def _over_anchor_tables(results: dict) -> list[str]:
+    """A merged report's measured speeds across its two runs: each method's tokens/s over an anchor's in the run
+    that timed both (`merge.py`'s `measured_over_anchor`; absent from merges made before it)."""
+    lines = []
+    for anchor, per_method in results.get("merged", {}).get("measured_over_anchor", {}).items():
+        lines += ["", f"### Measured over `{anchor}` in the same run", "",
+                  f"Geometric mean over prompts of the method's measured tokens/s over `{anchor}`'s on the same prompt, "
+                  "in the run that timed the method: the methods of a run are interleaved per prompt, and the anchor "
+                  "made the same forwards in both runs, so these compare across the runs where the speed-ups above "
+                  "do not. A base that is itself a merge contributes the rows its own merge recorded.", ""]
+        rows = [[f"`{m}`", v["run"], _fmt(v["ratio"], ".3f"), str(v["prompts"])] for m, v in per_method.items()]
+        lines += markdown.table(["method", "run", f"tokens/s over `{anchor}`", "prompts"], rows)
+    return lines
 
 
 def draft_length_section(results: dict) -> list[str]:

@@ -151,6 +151,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--draft-dtype", choices=sorted(models.DTYPES), default="bfloat16",
                    help="draft weights' dtype (default bfloat16: faster than float32 on this CPU)")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    p.add_argument("--verify-cost", type=Path, default=None,
+                   help="a benchmarks/verify_cost.py JSON: stored in the results (aggregates.per_length_costs), so "
+                        "that the report also prices every round by its length (as `python -m benchmarks.report "
+                        "FILE --verify-cost` does afterwards)")
     return p
 
 
@@ -281,6 +285,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
 
     # 1. Prompts and method options first (cheap, and a bad value fails before minutes of model loading).
     draft_lengths = methods_lib.parse_draft_lengths(args.draft_lengths)
+    per_length_costs = metrics.per_length_costs(args.verify_cost) if args.verify_cost is not None else None
     prompts, selection_summary = select_prompts(args, profile)
     if not prompts:
         raise ValueError("no prompts selected: check --limit / --gsm8k / the prompts file")
@@ -362,6 +367,8 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     metrics.add_per_prompt_ratios(records)
     aggregates = metrics.aggregate(records, names)
     aggregates["cost_model"] = metrics.fit_round_costs(records)
+    if per_length_costs is not None:
+        aggregates["per_length_costs"] = per_length_costs
     for r in records:
         del r["new_token_ids"]  # compared above; the text stays in the results
 

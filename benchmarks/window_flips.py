@@ -90,9 +90,20 @@ def main(argv: list[str] | None = None) -> int:
         chosen = [r for r in records if category in ("all", r["category"])]
         trials, kept = sum(r["trials"] for r in chosen), sum(r["kept"] for r in chosen)
         rate = f"{kept / trials:.2f}" if trials else "–"
-        rows.append([category, str(sum(len(r["rounds"]) for r in chosen)), str(trials), str(kept), rate])
+        rounds = [r for record in chosen for r in record["rounds"]]
+        accepted = sum(r["n"] for r in rounds)
+        past_mismatch = sum(r["n"] - r["s"] for r in rounds)
+        rows.append([category, str(len(rounds)), str(trials), str(kept), rate,
+                     f"{sum(r['n'] == r['k'] for r in rounds) / len(rounds):.2f}",
+                     f"{(accepted + len(rounds)) / len(rounds):.2f}",
+                     f"{past_mismatch} of {accepted} ({past_mismatch / max(accepted, 1):.2f})"])
     lines = [f"# `fly`'s kept mismatches (φ): γ = {args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens",
-             ""] + markdown.table(["category", "rounds", "trials", "kept", "φ"], rows)
+             "",
+             "*all accepted*: rounds that accepted every draft. *τ*: tokens per round. *past a mismatch*: accepted "
+             "drafts at or after the first that failed the rule's own test (n − s per round), i.e. what `fly`'s window "
+             "added to the round over judging each draft alone, of all accepted drafts.",
+             ""] + markdown.table(["category", "rounds", "trials", "kept", "φ", "all accepted", "τ",
+                                   "past a mismatch"], rows)
     config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     markdown.write_summary(RESULTS_DIR, args.name, "\n".join(lines) + "\n",
                            {"config": config, "torch": torch.__version__, "records": records})

@@ -461,6 +461,20 @@ def test_end_to_end_with_draft_length_policies(tmp_path):
     assert "### The same comparison priced by length" in text and "in `verify.json` (51 cached tokens)" in text
 
 
+def test_run_refuses_a_verify_cost_file_without_measurements_before_loading_models(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    wrong = tmp_path / "wrong.json"
+    wrong.write_text(json.dumps({"records": []}))
+
+    def must_not_load(*args, **kwargs):
+        raise AssertionError("models were loaded before the options were checked")
+
+    argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
+            "--verify-cost", str(wrong)]
+    with pytest.raises(ValueError, match=r"wrong.json: no 'verify_seconds' in it. Fix"):
+        run.main(argv, load_pair=must_not_load)
+
+
 def test_rules_that_need_a_pruned_drafter_use_it():
     from conftest import SlicedHeadDrafter, nearest_neighbour_kernel
 
@@ -665,6 +679,38 @@ def test_merge_adds_the_new_methods_and_prices_them_at_the_base_costs():
     assert "| overall | `constant:8` 4.10 tok/s | " in text and "4.27 tok/s (1.04)" in text  # 64/15.6 and 64/15
 
 
+def test_merge_compares_measured_speeds_over_the_anchor_of_each_methods_own_run():
+    base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/constant:8": (12, 96)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/best_constant": (16, 70)}, plain_speed=2.0,
+                 commit="def")
+    for record in added["records"]:  # a machine 1.5x slower during the added run: every method alike
+        record["wall_s"] *= 1.5
+        record["tokens_per_s"] /= 1.5
+    merged = merge.merge_runs(base, added, "base.json", "added.json")
+    over = merged["merged"]["measured_over_anchor"]["semspec:exact/constant:3"]
+    # walls 2 + 0.5 F + 0.1 D: the anchor 20 s, constant:8 17.6 s, best_constant 17 s, plain 32 s (64 tokens at 2/s)
+    assert over["semspec:exact/best_constant"] == {"run": "added.json", "ratio": pytest.approx(20 / 17), "prompts": 2}
+    assert over["semspec:exact/constant:8"] == {"run": "base.json", "ratio": pytest.approx(20 / 17.6), "prompts": 2}
+    assert over["plain"]["ratio"] == pytest.approx(20 / 32) and "semspec:exact/constant:3" not in over
+    # The overall table mixes the runs: best_constant's tokens/s there carries the slower machine.
+    assert merged["aggregates"]["overall"]["semspec:exact/best_constant"]["tokens_per_s"] == pytest.approx(
+        64 / 17 / 1.5)
+    text = "\n".join(report._over_anchor_tables(merged))
+    assert "### Measured over `semspec:exact/constant:3` in the same run" in text
+    assert "| `semspec:exact/best_constant` | added.json | 1.176 | 2 |" in text
+    assert "| `semspec:exact/constant:8` | base.json | 1.136 | 2 |" in text
+    # Merged again, the merge's records of best_constant and constant:3 are of different runs: the merge's own rows
+    # are kept, not recomputed from them.
+    again = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/svip": (18, 80)}, plain_speed=2.0, commit="f")
+    for record in again["records"]:
+        record["wall_s"] *= 2
+        record["tokens_per_s"] /= 2
+    chained = merge.merge_runs(merged, again, "merged.json", "again.json")["merged"]["measured_over_anchor"]
+    assert chained["semspec:exact/constant:3"]["semspec:exact/best_constant"]["ratio"] == pytest.approx(20 / 17)
+    assert chained["semspec:exact/constant:3"]["semspec:exact/svip"] == {
+        "run": "again.json", "ratio": pytest.approx(20 / 19), "prompts": 2}
+
+
 def test_merge_keeps_a_changed_method_of_both_runs_under_the_added_commit():
     base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (20, 70)}, plain_speed=2.0)
     added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (18, 66)}, plain_speed=2.0,
@@ -720,6 +766,20 @@ def test_pool_joins_the_same_methods_on_other_prompts_at_the_base_costs():
     assert "| overall | `constant:8` 4.33 tok/s | 3.93 tok/s (0.91) |" in text
 
 
+def test_pool_of_a_merge_keeps_its_header_but_not_its_measured_over_anchor_table():
+    sweep = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/constant:8": (12, 96)}, plain_speed=2.0)
+    new = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (20, 70)}, plain_speed=2.0, commit="d")
+    merged = merge.merge_runs(sweep, new, "sweep.json", "new.json")
+    assert "measured_over_anchor" in merged["merged"]
+    held_out = _run({"semspec:exact/constant:3": (20, 50), "semspec:exact/constant:8": (10, 90),
+                     "semspec:exact/tapout": (18, 66)}, plain_speed=2.0, commit="e", prompts=("p2", "p3"))
+    pooled = merge.pool_runs(merged, held_out, "merged.json", "held.json")
+    # The table covered the merge's 2 prompts; shown in a 4-prompt report it would read as the pool's.
+    assert pooled["merged"]["anchors"] == ["semspec:exact/constant:3"]
+    assert "measured_over_anchor" not in pooled["merged"] and "measured_over_anchor" in merged["merged"]
+    assert report._over_anchor_tables(pooled) == []
+
+
 @pytest.mark.parametrize(
     "change, base_methods, message",
     [
@@ -754,20 +814,30 @@ def test_merge_end_to_end_on_two_tiny_runs(tmp_path):
     common = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
               "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "exact", "--skip-stock",
               "--no-profile-breakdown"]
+    verify = tmp_path / "verify.json"  # run.py --verify-cost stores a verify_cost.py measurement with the run
+    verify.write_text(json.dumps({"verify_seconds": {str(k): 0.5 + 0.01 * k for k in range(41)}, "draft_step": 0.1,
+                                  "prompt_tokens": 51}))
     threads = torch.get_num_threads()
     try:
-        run.main(common + ["--name", "sweep", "--draft-lengths", "constant:2,constant:4"], load_pair=tiny_pair)
+        sweep = run.main(common + ["--name", "sweep", "--draft-lengths", "constant:2,constant:4", "--verify-cost",
+                                   str(verify)], load_pair=tiny_pair)
         run.main(common + ["--name", "new", "--draft-lengths", "constant:2,best_constant"], load_pair=tiny_pair)
     finally:
         torch.set_num_threads(threads)
+    assert sweep["aggregates"]["per_length_costs"]["source"] == "verify.json"
     out = tmp_path / "out"
     merge.main([str(out / "sweep.json"), str(out / "new.json"), "--name", "merged"])
     merged = json.loads((out / "merged.json").read_text())
     assert [m["name"] for m in merged["methods"]] == ["plain", "semspec:exact/constant:2", "semspec:exact/constant:4",
                                                       "semspec:exact/best_constant"]
     assert merged["merged"]["anchors"] == ["semspec:exact/constant:2"]
+    kept = json.loads(json.dumps(sweep["aggregates"]["per_length_costs"]))  # as the sweep's JSON holds it
+    assert merged["aggregates"]["per_length_costs"] == kept  # the merge keeps the base run's measurement
     markdown = (out / "merged.md").read_text()
+    assert "### The same comparison priced by length" in markdown
     assert "Merged report" in markdown and "| `semspec:exact/best_constant` |" in markdown
+    assert "### Measured over `semspec:exact/constant:2` in the same run" in markdown
+    assert "| `semspec:exact/best_constant` | new.json |" in markdown and "| `semspec:exact/constant:4` | sweep.json |" in markdown
 
 
 def test_pool_end_to_end_on_a_tiny_run_and_its_held_out_prompts(tmp_path):

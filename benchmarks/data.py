@@ -123,6 +123,16 @@ def categories_in_order(prompts: list[Prompt]) -> list[str]:
     return list(dict.fromkeys(p.category for p in prompts))
 
 
+def keep_categories(prompts: list[Prompt], categories: list[str]) -> list[Prompt]:
+    """The prompts of the given categories; a category the prompts do not have is an error naming the ones they do."""
+    known = categories_in_order(prompts)
+    unknown = [c for c in categories if c not in known]
+    if unknown:
+        raise ValueError(f"--categories: got {unknown}, not categories of these prompts ({', '.join(known)}). Fix: "
+                         "name categories as the prompts file spells them, comma-separated.")
+    return [p for p in prompts if p.category in categories]
+
+
 def drop_long(prompts: list[Prompt], max_chars: int | None) -> tuple[list[Prompt], list[str]]:
     """The prompts of at most `max_chars` characters (all if None), and the categories left with none."""
     if max_chars is None:

@@ -136,6 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-chars", type=int, default=None,
                    help="leave out prompts longer than this (default: the profile's, 300 in quick; 0 = no cap)")
     p.add_argument("--limit", type=int, default=None, help="at most this many Spec-Bench/custom prompts")
+    p.add_argument("--categories", default=None,
+                   help="comma-separated Spec-Bench categories to keep (default: all), e.g. math_reasoning to add "
+                        "prompts of one category to an earlier run's")
     p.add_argument("--max-new-tokens", type=int, default=None, help="override the profile's (Spec-Bench/custom)")
     p.add_argument("--gsm8k", type=int, default=None, help="number of GSM8K problems (default: the profile's)")
     p.add_argument("--gsm8k-selection", choices=("first", "shortest"), default=None,
@@ -186,6 +189,8 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     """Spec-Bench (or `--prompts`) selected per profile, then GSM8K; and a one-line summary of the selection."""
     source = args.prompts if args.prompts is not None else args.data_dir / data.SPECBENCH_FILE
     pool = data.load_question_prompts(source, profile.max_new_tokens)
+    if args.categories is not None:
+        pool = data.keep_categories(pool, args.categories.split(","))
     pool, dropped = data.drop_long(pool, profile.max_prompt_chars)
     chosen = data.select_balanced(pool, profile.per_category, profile.selection, profile.skip_per_category)
     if args.limit is not None:
@@ -201,7 +206,8 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     cap = f", prompts <= {profile.max_prompt_chars} characters" if profile.max_prompt_chars else ""
     summary = (
         f"{len(chosen)} from {source.name} ({per} `{profile.selection}` selection{cap}; "
-        f"{len(categories)} categories, max_new_tokens={profile.max_new_tokens}) + {len(gsm8k)} GSM8K "
+        f"{len(categories)} categories{' (--categories ' + args.categories + ')' if args.categories else ''}, "
+        f"max_new_tokens={profile.max_new_tokens}) + {len(gsm8k)} GSM8K "
         f"(`{profile.gsm8k_selection}` selection, max_new_tokens={profile.gsm8k_max_new_tokens})"
     )
     if dropped:

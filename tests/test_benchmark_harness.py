@@ -233,6 +233,32 @@ def test_quick_profile_selection_on_spec_bench():
     assert "13 categories" in run.select_prompts(args, run.resolve_profile(args))[1]
 
 
+def test_category_filter_keeps_the_named_categories_and_names_the_known_ones():
+    assert [p.prompt_id for p in data.keep_categories(_pool(), ["qa", "rag"])] == ["qa:0", "qa:1", "rag:0", "rag:1",
+                                                                                   "rag:2"]
+    with pytest.raises(ValueError, match=r"--categories: got \['math'\], not categories of these prompts "
+                                         r"\(writing, qa, rag\). Fix"):
+        data.keep_categories(_pool(), ["qa", "math"])
+
+
+def test_run_selects_held_out_prompts_of_one_category(tmp_path):
+    write_tiny_data(tmp_path)
+    argv = ["--data-dir", str(tmp_path), "--gsm8k", "0", "--categories", "writing"]
+    everything, _ = run.select_prompts(*_args_and_profile(argv + ["--prompts-per-category", "2"]))
+    assert {p.category for p in everything} == {"writing"} and len(everything) == 2
+    held_out, summary = run.select_prompts(*_args_and_profile(argv + ["--prompts-per-category", "1",
+                                                                      "--skip-per-category", "1"]))
+    first, _ = run.select_prompts(*_args_and_profile(argv + ["--prompts-per-category", "1"]))
+    assert [p.prompt_id for p in first] == ["specbench_question:2"]  # the shortest; held out: the other one
+    assert sorted(p.prompt_id for p in first + held_out) == sorted(p.prompt_id for p in everything)
+    assert "1 categories (--categories writing)" in summary
+
+
+def _args_and_profile(argv):
+    args = run.build_parser().parse_args(argv)
+    return args, run.resolve_profile(args)
+
+
 def test_length_cap_and_gsm8k_selection(tmp_path):
     kept, dropped = data.drop_long(_pool(), 50)
     assert {p.category for p in kept} == {"writing", "qa"} and dropped == ["rag"]

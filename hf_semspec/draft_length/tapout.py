@@ -66,13 +66,21 @@ the uncertain drafts that `fly` would flip. Live on 3 prompts per category
 (`benchmarks/results/draft-length-fly-3-per-category.md`, 30 prompts × 64 tokens, modeled time): 7% of `tapout`'s
 rounds drafted 7 or more, 28 of its 30 outputs equal plain decoding's; 1.08 of the best fixed length overall
 (`heuristic` 0.96), within 3% in 7 of 10 categories, short in coding (0.95) and math_reasoning (0.93), where γ = 8
-lets `fly` flip, and in reasoning (0.969, best γ = 3). A third arm `constant` (γ = 15 with `fly`) did not help on
+is best, and in reasoning (0.969, best γ = 3). What γ = 8 gains there is mostly predictable text, not flips: with
+`fly` at γ = 8 on the same 30 prompts (`benchmarks/results/fly-window-flips-gamma8-3-per-category.md`), 67% of
+math_reasoning's rounds and 69% of coding's accepted all 8 drafts (30% over all prompts), and the window added 9%
+and 22% of their accepted drafts (15% overall). A third arm `constant` (γ = 15 with `fly`) did not help on
 the same prompts: modeled 0.98 (4 of 10), measured 1.00× γ = 3 in the same runs against 1.06×; it gained in code
 and math and lost where γ = 3 wins, since the bandit learns one arm for every prompt. Nor did `cost_aware` pricing
 `fly`'s window (`flip_prior=0.5`, see cost_aware.py): 1.07 (6 of 10), measured 1.060× γ = 3 in the same runs against
 1.061×, with the same gains and losses. How far those per-category figures can be read
 (`benchmarks/resolution.py`): with three prompts a category, a fixed length tuned on the category's other prompts
 is within 3% of the best in only 4 of 10 categories, while `tapout` is within 3% of that tuned length in all 10.
+math_reasoning's shortfall is not that noise: with 6 more of its prompts
+(`benchmarks/results/draft-length-fly-9-math-reasoning.md`, 9 prompts, today's default arms and round time), γ = 16
+is best, the length tuned on the other prompts is that same γ = 16, and `tapout` makes 0.94 ± 0.04 of it (0.90 priced
+by length; `heuristic` 0.92 ± 0.05), although the 6 ran in a run of their own, where the bandit learned on
+math_reasoning alone: its arms stop rounds at the unsure drafts that long rounds of predictable text carry through.
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes

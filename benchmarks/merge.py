@@ -28,9 +28,9 @@ run (the two runs' plain on the same prompt), so the measured table mixes two ru
 the runs is each method's measured tokens/s over an anchor's in the run that timed both (`measured_over_anchor`, the
 report's "Measured over the anchor" table, as `benchmarks/anchored.py` computes it): the methods are interleaved per
 prompt within a run, and the anchor made the same forwards in both. Merging into a merge, the base's rows are those
-its own merge recorded. The modeled table prices
-every method's F and D at the base run's costs (`metrics.fit_round_costs` of the base records), so it compares what
-the methods did, independently of the run they were timed in.
+its own merge recorded. The modeled table prices every method's F and D at the base run's costs
+(`metrics.fit_round_costs` of the base records), so it compares what the methods did, independently of the run they
+were timed in.
 """
 
 from __future__ import annotations

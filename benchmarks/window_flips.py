@@ -6,8 +6,10 @@
 Reference pair (target fp32, draft bf16), greedy, `fly` with its default options and a fixed γ (long enough for the
 window W to fit after most mismatches). For every round the decoding loop reports k (drafted), n (accepted) and s
 (`RoundOutcome.num_matched`: drafts before the first that failed Δ). A round whose first mismatch has W drafts after
-it (s + 1 + W ≤ k) is a *trial*; the rule *kept* it when n > s. φ = kept / trials, per category and overall. Written
-to `benchmarks/results/<name>.json` (every round) and `.md` (the table).
+it (s + 1 + W ≤ k) is a *trial*; the rule *kept* it when n > s. φ = kept / trials, per category and overall, with the
+share of rounds that accepted all k drafts, τ (tokens per round) and Σ (n − s) over Σ n: the accepted drafts that the
+window added to what judging each draft alone would have accepted. Written to `benchmarks/results/<name>.json` (every
+round) and `.md` (the table).
 """
 
 from __future__ import annotations
@@ -56,6 +58,16 @@ def trials_and_kept(rounds: list[RoundOutcome], window: int) -> tuple[int, int]:
     return len(trials), sum(r.num_accepted > r.matched for r in trials)
 
 
+def round_shares(rounds: list[dict]) -> dict:
+    """Over rounds `{"k", "n", "s"}` (drafted, accepted, matched before the first that failed Δ): the share that
+    accepted all k drafts, τ = tokens per round (n + 1 each), the accepted drafts and those at or after a first
+    mismatch, Σ (n − s), which judging each draft alone would not have accepted."""
+    accepted = sum(r["n"] for r in rounds)
+    return {"all_accepted": sum(r["n"] == r["k"] for r in rounds) / len(rounds),
+            "tau": (accepted + len(rounds)) / len(rounds), "accepted": accepted,
+            "past_mismatch": sum(r["n"] - r["s"] for r in rounds)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gamma", type=int, default=16, help="fixed draft length (default 16)")
@@ -91,12 +103,10 @@ def main(argv: list[str] | None = None) -> int:
         trials, kept = sum(r["trials"] for r in chosen), sum(r["kept"] for r in chosen)
         rate = f"{kept / trials:.2f}" if trials else "–"
         rounds = [r for record in chosen for r in record["rounds"]]
-        accepted = sum(r["n"] for r in rounds)
-        past_mismatch = sum(r["n"] - r["s"] for r in rounds)
-        rows.append([category, str(len(rounds)), str(trials), str(kept), rate,
-                     f"{sum(r['n'] == r['k'] for r in rounds) / len(rounds):.2f}",
-                     f"{(accepted + len(rounds)) / len(rounds):.2f}",
-                     f"{past_mismatch} of {accepted} ({past_mismatch / max(accepted, 1):.2f})"])
+        shares = round_shares(rounds)
+        past, accepted = shares["past_mismatch"], shares["accepted"]
+        rows.append([category, str(len(rounds)), str(trials), str(kept), rate, f"{shares['all_accepted']:.2f}",
+                     f"{shares['tau']:.2f}", f"{past} of {accepted} ({past / max(accepted, 1):.2f})"])
     lines = [f"# `fly`'s kept mismatches (φ): γ = {args.gamma}, {len(prompts)} prompts x {args.max_new_tokens} tokens",
              "",
              "*all accepted*: rounds that accepted every draft. *τ*: tokens per round. *past a mismatch*: accepted "

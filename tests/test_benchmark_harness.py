@@ -1127,3 +1127,12 @@ def test_window_flips_counts_first_mismatches_with_a_full_window():
     ]
     assert trials_and_kept(rounds, window=6) == (2, 1)
     assert trials_and_kept(rounds, window=7) == (1, 1)
+
+
+def test_window_flips_shares_of_full_rounds_and_of_drafts_kept_past_a_mismatch():
+    from benchmarks.window_flips import round_shares
+
+    rounds = [{"k": 8, "n": 8, "s": 8}, {"k": 8, "n": 8, "s": 1}, {"k": 8, "n": 2, "s": 2}, {"k": 3, "n": 3, "s": 3}]
+    # 3 of 4 rounds accepted every draft (one of them through the window); 21 accepted, 7 of them past draft 2 of the
+    # second round, which failed Δ; τ = (21 + 4) / 4.
+    assert round_shares(rounds) == {"all_accepted": 0.75, "tau": 6.25, "accepted": 21, "past_mismatch": 7}

@@ -77,7 +77,7 @@ and math and lost where γ = 3 wins, since the bandit learns one arm for every p
 (`benchmarks/resolution.py`): with three prompts a category, a fixed length tuned on the category's other prompts
 is within 3% of the best in only 4 of 10 categories, while `tapout` is within 3% of that tuned length in all 10.
 math_reasoning's shortfall is not that noise: with 6 more of its prompts
-(`benchmarks/results/draft-length-fly-9-math-reasoning.md`, 9 prompts, today's default arms and round time), γ = 16
+(`benchmarks/results/draft-length-fly-9-math-reasoning.md`, 9 prompts, the current default arms and round time), γ = 16
 is best, the length tuned on the other prompts is that same γ = 16, and `tapout` makes 0.94 ± 0.04 of it (0.90 priced
 by length; `heuristic` 0.92 ± 0.05), although the 6 ran in a run of their own, where the bandit learned on
 math_reasoning alone: its arms stop rounds at the unsure drafts that long rounds of predictable text carry through.

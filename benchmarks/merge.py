@@ -53,8 +53,8 @@ def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) ->
         "draft model": (base["models"]["draft"], added["models"]["draft"]),
         "max_new_tokens": (base["config"]["max_new_tokens"], added["config"]["max_new_tokens"]),
     }
-    if same_prompts:
-        checks["prompts"] = (base["selection"]["prompt_ids"], added["selection"]["prompt_ids"])
+    if same_prompts:  # as sets: records are matched by prompt id, and a pooled base lists its runs one after another
+        checks["prompts"] = (sorted(base["selection"]["prompt_ids"]), sorted(added["selection"]["prompt_ids"]))
     differing = [f"{what}: {a!r} vs {b!r}" for what, (a, b) in checks.items() if a != b]
     if differing:
         raise ValueError("the runs differ in " + "; ".join(differing) + ". Fix: run the added methods with the base "

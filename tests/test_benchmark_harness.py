@@ -737,6 +737,17 @@ def test_merge_compares_measured_speeds_over_the_anchor_of_each_methods_own_run(
         "run": "again.json", "ratio": pytest.approx(20 / 19), "prompts": 2}
 
 
+def test_merge_takes_the_same_prompts_in_another_order():
+    # A pooled base lists its runs' prompts one run after the other; a single run over the same prompts interleaves
+    # the categories: the same prompts, so they merge.
+    base = _run({"semspec:exact/constant:3": (24, 60)}, plain_speed=2.0, prompts=("p0", "p1"))
+    added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/svip": (16, 70)}, plain_speed=2.0,
+                 prompts=("p1", "p0"))
+    merged = merge.merge_runs(base, added, "base.json", "added.json")
+    assert merged["selection"]["prompt_ids"] == ["p0", "p1"]
+    assert merged["aggregates"]["overall"]["semspec:exact/svip"]["prompts"] == 2
+
+
 def test_merge_keeps_a_changed_method_of_both_runs_under_the_added_commit():
     base = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (20, 70)}, plain_speed=2.0)
     added = _run({"semspec:exact/constant:3": (24, 60), "semspec:exact/tapout": (18, 66)}, plain_speed=2.0,
@@ -757,7 +768,7 @@ def test_merge_keeps_a_changed_method_of_both_runs_under_the_added_commit():
     "change, message",
     [
         (lambda a: a["records"][1].update(target_forwards=23), r"anchors did not repeat exactly.*constant:3 on p0"),
-        (lambda a: a["selection"].update(prompt_ids=["p0", "p9"]), r"differ in prompts"),
+        (lambda a: a["selection"].update(prompt_ids=["p0", "p9"]), r"differ in prompts: \['p0', 'p1'\] vs \['p0', 'p9'\]"),
         (lambda a: a["config"].update(max_new_tokens=128), r"differ in max_new_tokens: 64 vs 128"),
         (lambda a: a["config"].update(sample=True), r"--sample"),
         (lambda a: [m.update(name="semspec:exact/other") for m in a["methods"][1:2]], r"no hf_semspec method"),

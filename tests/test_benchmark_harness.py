@@ -336,6 +336,11 @@ def test_draft_length_specs_expand_each_rule():
     assert [s.label for s in parsed] == ["constant:3", "adaedl", "tapout:16",
                                         'tapout(bandit=ucb_tuned;arms=["svip", "heuristic"])']
     assert methods.parse_draft_lengths(",".join(s.label for s in parsed)) == parsed  # a label parses back to itself
+    # An arm with options is a JSON object inside the list; the entry's commas stay inside its brackets.
+    with_options = methods.parse_draft_lengths('tapout(arms=[{"name": "cost_aware", "calibration_discount": 0.98}, '
+                                               '"svip"]),constant:3')
+    assert with_options == [Spec("tapout", None, (("arms", [{"name": "cost_aware", "calibration_discount": 0.98},
+                                                            "svip"]),)), Spec("constant", 3)]
     with pytest.raises(ValueError, match=r"unknown policy 'fast'"):
         methods.parse_draft_lengths("fast")
     with pytest.raises(ValueError, match=r"'constant:x' must be <policy>, <policy>:<tokens> or"):

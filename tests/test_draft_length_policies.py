@@ -5,6 +5,7 @@ convergence and delegation, config errors, and end to end on the tiny models."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from types import SimpleNamespace
@@ -25,7 +26,7 @@ from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.adaedl import AdaEDLConfig, AdaEDLPolicy
 from hf_semspec.draft_length._round_cost import RoundCostFit
 from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConstantPolicy
-from hf_semspec.draft_length.cost_aware import CostAwarePolicy
+from hf_semspec.draft_length.cost_aware import CostAwareConfig, CostAwarePolicy
 from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
 from hf_semspec.draft_length.svip import SVIPConfig, SVIPPolicy
 from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
@@ -614,6 +615,21 @@ def test_tapout_arms_carry_their_own_length():
     assert list(policy.arm_values()) == ["constant:3", "constant:8", "heuristic", "adaedl:12"]
 
 
+def test_tapout_arms_carry_their_own_options():
+    options = {"name": "cost_aware", "calibration_discount": 0.98, "max_tokens": 12}
+    config = TapOutConfig(arms=[options, "svip", "constant:3"])
+    policy = TapOutPolicy(config)
+    assert policy.arm_names == ["cost_aware(calibration_discount=0.98;max_tokens=12)", "svip", "constant:3"]
+    cost_aware = policy.arms[0]
+    assert isinstance(cost_aware, CostAwarePolicy)
+    assert (cost_aware.config.calibration_discount, cost_aware.config.max_tokens) == (0.98, 12)
+    assert cost_aware.config.rate_discount == CostAwareConfig().rate_discount  # the options not given keep defaults
+    assert policy.max_tokens() == 12  # the first round is the first arm's: its own cap
+    # The dict round-trips through JSON like every other option, and builds the same arms.
+    again = TapOutConfig.from_kwargs(json.loads(json.dumps(config.to_dict())))
+    assert again.arms == [options, "svip", "constant:3"] and TapOutPolicy(again).arm_names == policy.arm_names
+
+
 def test_tapout_default_arms_and_blended_reward():
     policy = TapOutPolicy()
     assert policy.arm_names == ["cost_aware", "svip"]
@@ -655,6 +671,13 @@ def test_tapout_default_arms_and_blended_reward():
         ("tapout", {"arms": ["constant:x"]}, r"lengths in \[1, 128\] after ':' \('constant:x' is not\)"),
         ("tapout", {"arms": ["fast:3"]}, r"\['fast:3'\] are not"),
         ("tapout", {"arms": ["constant:3", "constant:3"]}, r"each arm once"),
+        ("tapout", {"arms": [{"name": "cost_aware", "calibration_discount": 2.0}]},
+         r"`draft_length_kwargs\['arms'\]` .*options that 'cost_aware' accepts .*calibration_discount'\]` = 2.0"),
+        ("tapout", {"arms": [{"name": "svip", "lambda": 1}]}, r"options that 'svip' accepts .*unknown option\(s\) \['lambda'\]"),
+        ("tapout", {"arms": [{"calibration_discount": 0.98}]}, r"\[\{'calibration_discount': 0.98\}\] are not"),
+        ("tapout", {"arms": [{"name": "tapout"}]}, r"tapout cannot be its own arm"),
+        ("tapout", {"arms": [{"name": "svip"}, "svip"]}, r"each arm once"),
+        ("tapout", {"arms": [3]}, r"`draft_length_kwargs\['arms'\]` = \[3\] .*names from .* or dicts"),
         ("best_constant", {"discount": 0.0}, r"`draft_length_kwargs\['discount'\]` = 0.0 .*\(0, 1\]"),
         ("best_constant", {"cost_ratio": -0.1}, r"`draft_length_kwargs\['cost_ratio'\]` = -0.1 "),
         ("best_constant", {"explore_every": -1}, r"`draft_length_kwargs\['explore_every'\]` = -1 .*\[0, 1000\]"),

@@ -43,7 +43,9 @@ introduces, SVIPDifference and LogitMargin; the bandit can act per draft ("seque
 reward "balances accepted length and rate". Its exact reward formula, weights and arm thresholds were not reachable.
 So: the arms are registered policies; `arms=[...]` takes any registered names, each optionally with ":<length>" for
 the arm's length option, e.g. ["constant:3", "constant:8", "adaedl"] (fixed lengths as arms: γ = 3 and γ = 8, and
-adaedl capped at 40 as by default). The time-based rewards and the "tokens_per_forward" option are the package's
+adaedl capped at 40 as by default), or a dict that names the policy and sets options of its config, e.g.
+{"name": "cost_aware", "calibration_discount": 0.98} (shown as `cost_aware(calibration_discount=0.98)` in
+`arm_values()`). The time-based rewards and the "tokens_per_forward" option are the package's
 choice; "blended" is our reading of the summaries, not the paper's formula. The division by R, playing each arm once
 first and the Gaussian form of Thompson sampling are ours. Arms given without a length whose length option is unset
 (heuristic's initial length, constant's length) get `num_tokens` (num_assistant_tokens, else the acceptance rule's
@@ -146,12 +148,13 @@ from dataclasses import dataclass, field
 import torch
 
 from ..component_config import Range
-from ..errors import invalid_value
+from ..errors import SemSpecConfigError, invalid_value
 from ._round_cost import RoundCostFit
 from .base import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
 
 DEFAULT_ARMS = ("cost_aware", "svip")
 EXAMPLE_ARMS = ("constant:3", "constant:8", "adaedl")
+EXAMPLE_ARM_WITH_OPTIONS = {"name": "cost_aware", "calibration_discount": 0.98}
 ARM_LENGTHS = Range(1, 128)
 BANDITS = ("ucb1", "ucb_tuned", "thompson")
 REWARDS = ("tokens_per_second", "tokens_per_fitted_second", "tokens_per_forward", "blended")
@@ -160,20 +163,38 @@ TIMED_REWARDS = ("tokens_per_second", "tokens_per_fitted_second")  # a prefill r
 _FALLBACK_NUM_TOKENS = 5  # the rules' default draft length, for arms built outside generate()
 
 
-def split_arm(arm: str) -> tuple[str, str | None]:
-    """`"constant:3"` → ("constant", "3"); `"adaedl"` → ("adaedl", None)."""
+def split_arm(arm: str | dict) -> tuple[str, str | None]:
+    """`"constant:3"` → ("constant", "3"); `"adaedl"` → ("adaedl", None); an arm with options,
+    `{"name": "cost_aware", ...}` → ("cost_aware", None)."""
+    if isinstance(arm, dict):
+        return arm.get("name"), None
     name, colon, length = arm.partition(":")
     return name, (length if colon else None)
+
+
+def arm_options(arm: str | dict) -> dict:
+    """The options an arm sets on its policy's config: a dict arm's keys other than "name"; none for a name."""
+    return {k: v for k, v in arm.items() if k != "name"} if isinstance(arm, dict) else {}
+
+
+def arm_label(arm: str | dict) -> str:
+    """How an arm is named in `arm_values()`: the string itself, or `name(option=value;...)` for a dict arm (its name
+    alone without options)."""
+    if not isinstance(arm, dict):
+        return arm
+    options = arm_options(arm)
+    return f"{arm['name']}({';'.join(f'{k}={v}' for k, v in options.items())})" if options else arm["name"]
 
 
 @dataclass
 class TapOutConfig(DraftLengthConfig):
     component_name = "tapout"
-    arms: list[str] | None = field(
+    arms: list[str | dict] | None = field(
         default=None,
         metadata={
             "help": "registered policy names to choose from, each optionally with ':<length>' for its length option "
-            f"(e.g. {list(EXAMPLE_ARMS)}); None = {list(DEFAULT_ARMS)}"
+            f"(e.g. {list(EXAMPLE_ARMS)}), or a dict naming the policy and options of its config (e.g. "
+            f"{EXAMPLE_ARM_WITH_OPTIONS}); None = {list(DEFAULT_ARMS)}"
         },
     )
     bandit: str = field(
@@ -225,22 +246,29 @@ class TapOutConfig(DraftLengthConfig):
             return
         label = f"{self.argument_name}['arms']"
         registered = [n for n in POLICIES.names() if n != self.component_name]
-        fix = f"pass a list of registered policy names, each optionally with ':<length>', e.g. {list(EXAMPLE_ARMS)}"
-        if not self.arms or not all(isinstance(a, str) for a in self.arms):
-            raise invalid_value(label, self.arms, f"a non-empty list of names from {registered}", fix)
+        fix = (f"pass a list of registered policy names, each optionally with ':<length>', e.g. {list(EXAMPLE_ARMS)}, "
+               f"or dicts naming the policy and its options, e.g. {EXAMPLE_ARM_WITH_OPTIONS}")
+        if not self.arms or not all(isinstance(a, (str, dict)) for a in self.arms):
+            raise invalid_value(label, self.arms, f"a non-empty list of names from {registered} or dicts", fix)
         bad = [a for a in self.arms if split_arm(a)[0] not in registered]
         if bad:
             allowed = f"names from {registered} ({bad} are not; tapout cannot be its own arm)"
             raise invalid_value(label, self.arms, allowed, fix)
         for arm in self.arms:
             name, length = split_arm(arm)
+            if isinstance(arm, dict):
+                try:  # the arm's own config checks its options: unknown names, types, ranges
+                    POLICIES.get(name).config_class.from_kwargs(arm_options(arm))
+                except SemSpecConfigError as error:
+                    raise invalid_value(label, self.arms, f"options that {name!r} accepts ({error})", fix) from error
+                continue
             if length is None:
                 continue
             if POLICIES.get(name).length_field is None:
                 raise invalid_value(label, self.arms, f"no ':<length>' after {name!r}, which has no length option", fix)
             if not length.isdigit() or int(length) not in ARM_LENGTHS:
                 raise invalid_value(label, self.arms, f"lengths in {ARM_LENGTHS} after ':' ({arm!r} is not)", fix)
-        if len(set(self.arms)) != len(self.arms):
+        if len({arm_label(a) for a in self.arms}) != len(self.arms):
             raise invalid_value(label, self.arms, "each arm once", "remove the repeated arms")
 
 
@@ -259,8 +287,9 @@ class TapOutPolicy(DraftLengthPolicy):
 
     def __init__(self, config: TapOutConfig | None = None):
         super().__init__(config)
-        self.arm_names = list(self.config.arms) if self.config.arms is not None else list(DEFAULT_ARMS)
-        self.arms = [self._build_arm(name) for name in self.arm_names]
+        arms = list(self.config.arms) if self.config.arms is not None else list(DEFAULT_ARMS)
+        self.arm_names = [arm_label(arm) for arm in arms]
+        self.arms = [self._build_arm(arm) for arm in arms]
         self.pulls = [0] * len(self.arms)
         self.reward_sums = [0.0] * len(self.arms)
         self.reward_square_sums = [0.0] * len(self.arms)  # for UCB-Tuned's variance
@@ -274,10 +303,10 @@ class TapOutPolicy(DraftLengthPolicy):
         self.history: list[int] = []  # the arm of every rewarded round, in order (prefill rounds are not)
         self._rng = random.Random(self.config.seed)
 
-    def _build_arm(self, arm: str) -> DraftLengthPolicy:
+    def _build_arm(self, arm: str | dict) -> DraftLengthPolicy:
         name, length = split_arm(arm)
         policy_class = POLICIES.get(name)
-        config = policy_class.config_class.from_kwargs({})
+        config = policy_class.config_class.from_kwargs(arm_options(arm))
         length_field = policy_class.length_field
         if length is not None:
             setattr(config, length_field, int(length))

@@ -163,9 +163,9 @@ TIMED_REWARDS = ("tokens_per_second", "tokens_per_fitted_second")  # a prefill r
 _FALLBACK_NUM_TOKENS = 5  # the rules' default draft length, for arms built outside generate()
 
 
-def split_arm(arm: str | dict) -> tuple[str, str | None]:
+def split_arm(arm: str | dict) -> tuple[str | None, str | None]:
     """`"constant:3"` → ("constant", "3"); `"adaedl"` → ("adaedl", None); an arm with options,
-    `{"name": "cost_aware", ...}` → ("cost_aware", None)."""
+    `{"name": "cost_aware", ...}` → ("cost_aware", None) (None for a dict without a name: validation names it)."""
     if isinstance(arm, dict):
         return arm.get("name"), None
     name, colon, length = arm.partition(":")

@@ -61,9 +61,11 @@ the test's 0.99, since a p̂ from about 50 drafts moves by ±0.07. Live with `fl
 run, `benchmarks/results/draft-length-fly-calibration-merged.md`, modeled time, ratio to the best fixed length of
 the sweep): 1.11 at 0.98 against 1.09 at 0.995, within 3% in 9 against 7 of 10 categories; measured, 1.081× against
 1.051× the tokens/s of γ = 3 in the same run. The one miss at 0.98 is math_reasoning, 0.95 ± 0.04 (0.96 at 0.995):
-a per-prompt memory does not make those rounds long. `tapout` over a `cost_aware` at 0.98 (`arms=[{"name":
-"cost_aware", "calibration_discount": 0.98}, "svip"]`) has not run live, so δ_c stays 0.995; pass
-`calibration_discount=0.98` for text that changes from prompt to prompt.
+a per-prompt memory does not make those rounds long. `tapout` over it (`arms=[{"name": "cost_aware",
+"calibration_discount": 0.98}, "svip"]`, one run on the same prompts, `draft-length-fly-tapout-calibration-merged.md`):
+1.12 modeled (8 of 10; math_reasoning 0.96 ± 0.05), 1.117× γ = 3 measured in the same run, against 1.08–1.09 and
+1.035–1.065× for `tapout`'s default arms in earlier runs. One run each, so δ_c stays 0.995 and `tapout`'s arms keep
+it; pass `calibration_discount=0.98` for text that changes from prompt to prompt.
 
 Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
 round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds

@@ -64,8 +64,16 @@ the sweep): 1.11 at 0.98 against 1.09 at 0.995, within 3% in 9 against 7 of 10 c
 a per-prompt memory does not make those rounds long. `tapout` over it (`arms=[{"name": "cost_aware",
 "calibration_discount": 0.98}, "svip"]`, one run on the same prompts, `draft-length-fly-tapout-calibration-merged.md`):
 1.12 modeled (8 of 10; math_reasoning 0.96 ± 0.05), 1.117× γ = 3 measured in the same run, against 1.08–1.09 and
-1.035–1.065× for `tapout`'s default arms in earlier runs. One run each, so δ_c stays 0.995 and `tapout`'s arms keep
-it; pass `calibration_discount=0.98` for text that changes from prompt to prompt.
+1.035–1.065× for `tapout`'s default arms in earlier runs. It did not repeat. With both `tapout`s in one run
+(`draft-length-fly-tapout-calibration-held-out-merged.md`, 20 of those prompts; `…-math-reasoning-merged.md`, 6 more
+math_reasoning prompts; `draft-length-exact-tapout-calibration-merged.md`, `exact`, 10 prompts), over the default
+arms: measured tokens/s over γ = 3 1.063× against 1.061× (the first run had measured 1.135× on the same 20 prompts),
+1.079× against 1.233× and, with `exact`, 1.049× against 1.032×; modeled 1.09 against 1.12, 0.89 against 0.99 and
+1.02 against 1.01 of the best fixed length. So δ_c stays 0.995 and `tapout`'s arms keep it; pass
+`calibration_discount=0.98` for text that changes from prompt to prompt. Nor did a calibration by context help:
+separate tables after a round that accepted every draft and after one that did not, replayed on the `exact` traces
+priced by length, gave 1.08 / 1.12 against 1.09 / 1.11 (1.10 / 1.10 against 1.11 / 1.12 at δ_c = 0.98), each table
+learning from half the drafts.
 
 Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
 round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds

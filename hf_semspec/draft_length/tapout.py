@@ -83,6 +83,14 @@ math_reasoning's shortfall is not that noise: with 6 more of its prompts
 is best, the length tuned on the other prompts is that same γ = 16, and `tapout` makes 0.94 ± 0.04 of it (0.90 priced
 by length; `heuristic` 0.92 ± 0.05), although the 6 ran in a run of their own, where the bandit learned on
 math_reasoning alone: its arms stop rounds at the unsure drafts that long rounds of predictable text carry through.
+The same 6 prompts in a later run (`draft-length-fly-tapout-calibration-math-reasoning-merged.md`) gave 0.99 ± 0.07
+where the first gave 0.96 ± 0.06: a category's figure moves by about 3 points between runs of the same code, since
+the reward reads measured times.
+Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit that keeps
+separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 / 1.11 (arms `cost_aware`
+with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00 against 1.06 / 1.04; and
+an arm `cost_aware` with a memory of about one prompt (`calibration_discount=0.98`), which gained in one live run and
+not in its repeat (see cost_aware.py).
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes

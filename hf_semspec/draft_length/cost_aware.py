@@ -70,10 +70,10 @@ math_reasoning prompts; `draft-length-exact-tapout-calibration-merged.md`, `exac
 arms: measured tokens/s over γ = 3 1.063× against 1.061× (the first run had measured 1.135× on the same 20 prompts),
 1.079× against 1.233× and, with `exact`, 1.049× against 1.032×; modeled 1.09 against 1.12, 0.89 against 0.99 and
 1.02 against 1.01 of the best fixed length. So δ_c stays 0.995 and `tapout`'s arms keep it; pass
-`calibration_discount=0.98` for text that changes from prompt to prompt. Nor did a calibration by context help:
-separate tables after a round that accepted every draft and after one that did not, replayed on the `exact` traces
-priced by length, gave 1.08 / 1.12 against 1.09 / 1.11 (1.10 / 1.10 against 1.11 / 1.12 at δ_c = 0.98), each table
-learning from half the drafts.
+`calibration_discount=0.98` for text that changes from prompt to prompt. Nor did a calibration by context help (a
+trial patch, not kept): separate tables after a round that accepted every draft and after one that did not, replayed
+on the `exact` traces priced by length, gave 1.08 / 1.12 against 1.09 / 1.11 (1.10 / 1.10 against 1.11 / 1.12 at δ_c =
+0.98), each table learning from half the drafts.
 
 Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
 round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds

@@ -86,11 +86,11 @@ math_reasoning alone: its arms stop rounds at the unsure drafts that long rounds
 The same 6 prompts in a later run (`draft-length-fly-tapout-calibration-math-reasoning-merged.md`) gave 0.99 ± 0.07
 where the first gave 0.96 ± 0.06: a category's figure moves by about 3 points between runs of the same code, since
 the reward reads measured times.
-Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit that keeps
-separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 / 1.11 (arms `cost_aware`
-with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00 against 1.06 / 1.04; and
-an arm `cost_aware` with a memory of about one prompt (`calibration_discount=0.98`), which gained in one live run and
-not in its repeat (see cost_aware.py).
+Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit (a trial
+patch, not kept) that keeps separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 /
+1.11 (arms `cost_aware` with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00
+against 1.06 / 1.04; and an arm `cost_aware` with a memory of about one prompt (`calibration_discount=0.98`), which
+gained in one live run and not in its repeat (see cost_aware.py).
 
 Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
 differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes

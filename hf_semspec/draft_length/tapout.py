@@ -84,8 +84,10 @@ is best, the length tuned on the other prompts is that same γ = 16, and `tapout
 by length; `heuristic` 0.92 ± 0.05), although the 6 ran in a run of their own, where the bandit learned on
 math_reasoning alone: its arms stop rounds at the unsure drafts that long rounds of predictable text carry through.
 The same 6 prompts in a later run (`draft-length-fly-tapout-calibration-math-reasoning-merged.md`) gave 0.99 ± 0.07
-where the first gave 0.96 ± 0.06: a category's figure moves by about 3 points between runs of the same code, since
-the reward reads measured times.
+where the first gave 0.96 ± 0.06: a category's figure moves between runs of the same code, since the reward reads
+measured times. On the 20 held-out prompts, two runs of these defaults (`draft-length-fly-round-time-held-out-merged.md`
+and `draft-length-fly-tapout-calibration-held-out-merged.md`, modeled time, same costs) gave 1.11 and 1.12 overall and
+categories apart by 0.04 on average, up to 0.13 (translation 1.10 and 1.23, math_reasoning 0.90 and 0.82).
 Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit (a trial
 patch, not kept) that keeps separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 /
 1.11 (arms `cost_aware` with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00

@@ -73,7 +73,10 @@ arms: measured tokens/s over γ = 3 1.063× against 1.061× (the first run had m
 `calibration_discount=0.98` for text that changes from prompt to prompt. Nor did a calibration by context help (a
 trial patch, not kept): separate tables after a round that accepted every draft and after one that did not, replayed
 on the `exact` traces priced by length, gave 1.08 / 1.12 against 1.09 / 1.11 (1.10 / 1.10 against 1.11 / 1.12 at δ_c =
-0.98), each table learning from half the drafts.
+0.98), each table learning from half the drafts. Nor one by draft position (a trial patch, not kept): tables for
+positions 1, 2–3, 4–7, 8–15 and 16+, each shrunk toward its bin's pooled p̂ with a weight of 2, 5 or 20 drafts, and
+p̄ by position, so that a round that has survived prices its next drafts higher; the same replays gave 1.07–1.08 /
+1.09–1.10 against 1.09 / 1.11.
 
 Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
 round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds

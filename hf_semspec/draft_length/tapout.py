@@ -88,6 +88,14 @@ where the first gave 0.96 ± 0.06: a category's figure moves between runs of the
 measured times. On the 20 held-out prompts, two runs of these defaults (`draft-length-fly-round-time-held-out-merged.md`
 and `draft-length-fly-tapout-calibration-held-out-merged.md`, modeled time, same costs) gave 1.11 and 1.12 overall and
 categories apart by 0.04 on average, up to 0.13 (translation 1.10 and 1.23, math_reasoning 0.90 and 0.82).
+With each category's 4th and 5th prompts added (`draft-length-fly-5-per-category.md`, 50 prompts, 5 a category),
+`tapout` is 1.08 ± 0.02 of the best fixed length and within 3% of it in 8 of 10 categories, and of the length tuned
+on the category's other prompts in 8 of 10; short in reasoning, 0.95 ± 0.05, and math_reasoning, 0.88 ± 0.06 (0.83
+on the 2 new ones). Which prompts gain from long rounds can be told in part before the first one: the share of the
+user message's tokens that the draft predicts, teacher-forced on the prompt, ranks prompts by γ = 16's speed over
+γ = 3's with Spearman's ρ = 0.58 on the first 30 prompts and 0.57 on the 20 new ones (`fly-prompt-signal.md`). It is
+not used: of the 20 new prompts, 5 of the 10 above their median hit rate gained from γ = 16 and 2 of the 10 below,
+and no cut or mapping to a length is known that is not fitted to this pair's prompts.
 Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit (a trial
 patch, not kept) that keeps separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 /
 1.11 (arms `cost_aware` with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00

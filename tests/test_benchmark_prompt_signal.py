@@ -1,0 +1,70 @@
+"""The per-prompt signal of benchmarks/prompt_signal.py: the user message's span, the draft's hits on it, Spearman's ρ
+and the per-prompt gain of a long fixed length, on worked numbers (no model)."""
+
+import math
+
+import pytest
+import torch
+
+from benchmarks import prompt_signal
+
+LONG, SHORT = "semspec:fly/constant:16", "semspec:fly/constant:3"
+
+
+def test_user_span_leaves_out_the_template_head_and_tail():
+    empty = [1, 2, 3, 8, 9]  # head 1 2 3, tail 8 9
+    assert prompt_signal.user_span([1, 2, 3, 10, 11, 8, 9], empty) == (3, 5)
+    # A message that ends like the tail: the tail stops where the two stop matching from the end.
+    assert prompt_signal.user_span([1, 2, 3, 10, 9, 8, 9], empty) == (3, 5)
+
+
+def test_user_span_of_an_empty_message_is_an_error():
+    with pytest.raises(ValueError, match="no user message"):
+        prompt_signal.user_span([1, 2, 3, 8, 9], [1, 2, 3, 8, 9])
+
+
+def test_hits_and_agreement_on_worked_logits():
+    ids = torch.tensor([5, 0, 1, 2, 3])  # message = ids[1:4] = 0 1 2
+    greedy = [0, 1, 3, 3, 0]  # predictions at positions 0..4: position j − 1 predicts ids[j]
+    draft = torch.nn.functional.one_hot(torch.tensor(greedy), 4).float()
+    target = torch.nn.functional.one_hot(torch.tensor([0, 2, 3, 3, 0]), 4).float()
+    # ids[1] = 0 ← 0 ✓, ids[2] = 1 ← 1 ✓, ids[3] = 2 ← 3 ✗.
+    assert prompt_signal.predicted_right(draft, ids, 1, 4).tolist() == [True, True, False]
+    # Positions 0, 1, 2: draft 0 1 3, target 0 2 3.
+    assert prompt_signal.same_prediction(draft, target, 1, 4).tolist() == [True, False, True]
+
+
+def test_spearman_on_worked_ranks():
+    assert prompt_signal.ranks([10.0, 30.0, 20.0, 20.0]) == [1.0, 4.0, 2.5, 2.5]
+    assert prompt_signal.spearman([1, 2, 3, 4], [1, 3, 2, 4]) == pytest.approx(0.8)  # 1 − 6·2 / (4·15)
+    assert prompt_signal.spearman([1, 2, 3], [9, 5, 1]) == pytest.approx(-1.0)
+    assert math.isnan(prompt_signal.spearman([1, 2, 3], [4, 4, 4]))
+    with pytest.raises(ValueError, match="same length"):
+        prompt_signal.spearman([1, 2], [1])
+
+
+def _results(records):
+    return {"aggregates": {"cost_model": {"seconds_per_target_forward": 1.0, "seconds_per_draft_forward": 0.1}},
+            "records": records}
+
+
+def _record(prompt, method, forwards, drafted):
+    return {"prompt_id": prompt, "category": "math", "method": method, "new_tokens": 64, "target_forwards": forwards,
+            "draft_forwards": drafted}
+
+
+def test_gain_is_the_modeled_speed_ratio_of_the_two_lengths():
+    results = _results([_record("p", LONG, 8, 112), _record("p", SHORT, 20, 60), _record("q", SHORT, 20, 60)])
+    # 64 / (8 + 11.2) over 64 / (20 + 6) = 26 / 19.2; q lacks the long length and is left out.
+    assert prompt_signal.gains(results, LONG, SHORT) == {"p": {"category": "math", "gain": pytest.approx(26 / 19.2)}}
+
+
+def test_gain_of_a_run_without_the_method_names_it():
+    with pytest.raises(ValueError, match="constant:16.*--long"):
+        prompt_signal.gains(_results([_record("p", SHORT, 20, 60)]), LONG, SHORT)
+
+
+def test_a_prompt_in_two_runs_counts_once_with_its_first_run():
+    rows = [{"prompt_id": "p", "run": "a", "gain": 2.0}, {"prompt_id": "q", "run": "a", "gain": 1.0},
+            {"prompt_id": "p", "run": "b", "gain": 0.5}]
+    assert prompt_signal.first_of_each_prompt(rows) == rows[:2]

@@ -95,17 +95,20 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 def gains(results: dict, long: str, short: str) -> dict[str, dict]:
     """prompt id → {"category", "gain"}: modeled tokens/s of `long` over `short` on that prompt, at the run's cost
     model. Raises when the run lacks either method."""
+    methods = sorted({r["method"] for r in results["records"]})
+    missing = [m for m in (long, short) if m not in methods]
+    if missing:
+        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {methods}). Fix: pass a fixed-length "
+                         "sweep and name two of its methods with --long and --short.")
     costs = metrics.run_cost_model(results)
+    if costs is None:
+        raise ValueError("the run has no cost model and its records do not determine one (metrics.fit_round_costs). "
+                         "Fix: pass a benchmarks/run.py results file with several hf_semspec methods per prompt.")
     speeds: dict[str, dict] = {}
     for record in results["records"]:
         if record["method"] in (long, short):
             speeds.setdefault(record["prompt_id"], {"category": record["category"]})[record["method"]] = (
                 metrics.modeled_tokens_per_s(record, costs))
-    missing = [m for m in (long, short) if not any(m in s for s in speeds.values())]
-    if missing or costs is None:
-        methods = sorted({r["method"] for r in results["records"]})
-        raise ValueError(f"the run has no {' or '.join(missing) or 'cost model'} (its methods: {methods}). Fix: pass "
-                         "a fixed-length sweep and name two of its methods with --long and --short.")
     return {p: {"category": s["category"], "gain": s[long] / s[short]} for p, s in speeds.items()
             if long in s and short in s}
 

@@ -64,6 +64,13 @@ def test_gain_of_a_run_without_the_method_names_it():
         prompt_signal.gains(_results([_record("p", SHORT, 20, 60)]), LONG, SHORT)
 
 
+def test_gain_of_a_run_without_a_cost_model_says_so():
+    # No stored cost model, and records without acceptance statistics cannot be fitted (metrics.fit_round_costs).
+    results = {"aggregates": {}, "records": [_record("p", LONG, 8, 112), _record("p", SHORT, 20, 60)]}
+    with pytest.raises(ValueError, match="no cost model"):
+        prompt_signal.gains(results, LONG, SHORT)
+
+
 def test_a_prompt_in_two_runs_counts_once_with_its_first_run():
     rows = [{"prompt_id": "p", "run": "a", "gain": 2.0}, {"prompt_id": "q", "run": "a", "gain": 1.0},
             {"prompt_id": "p", "run": "b", "gain": 0.5}]

@@ -226,8 +226,10 @@ def render(results: dict) -> str:
         f"{results['selection']}.",
         f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by {priced}, "
         "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
-        f"- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. "
-        f"Traces recorded in {results['trace_seconds']:.0f} s.",
+        ("- Each policy starts every prompt untrained: a fresh policy for every prompt, as `generate()` builds one "
+         "per call from a policy's name (`--fresh-per-prompt`). " if results.get("fresh_per_prompt") else
+         "- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. ")
+        + f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
     seeds = sorted({r.get("seed", results["seed"]) for r in results["records"]})
     if results.get("round_time_noise"):
@@ -279,6 +281,9 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     parser.add_argument("--check", type=Path, default=None, help="a live run on the same prompts to compare F, D with")
     parser.add_argument("--round-time-noise", type=float, default=0.0, help="σ: the policies see each round's "
                         "modeled seconds times exp(σ·z), z ~ N(0, 1), as live rounds scatter (0 = none)")
+    parser.add_argument("--fresh-per-prompt", action="store_true",
+                        help="a new policy instance for every prompt, as generate() builds one per call from a name "
+                        "(default: one instance across the prompts, as a server passing an instance)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the round-time noise (one stream per policy)")
     parser.add_argument("--seeds", type=int, default=1, help="with --round-time-noise: replay every policy this many "
                         "times, from a fresh instance, with seeds seed, seed+1, ...; the table averages them")
@@ -338,7 +343,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                   f"{len(traces[-1]['tokens'])} tokens", flush=True)
         trace_seconds = time.perf_counter() - start
 
-    # 3. Replay every policy over the prompts, one instance each.
+    # 3. Replay every policy over the prompts, one instance each (one per prompt with --fresh-per-prompt).
     records = []
     for name, spec, policy in built:
         for seed in range(args.seed, args.seed + args.seeds):
@@ -346,6 +351,8 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                 policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
             rng = random.Random(seed)
             for trace in traces:
+                if args.fresh_per_prompt:  # as `generate(draft_length="<name>")` builds one per call
+                    policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
                 counts = replay(policy, trace["runs"], trace["max_new_tokens"], costs, trace.get("entropies"),
                                 args.round_time_noise, rng)
                 records.append({"method": name, "prompt_id": trace["prompt_id"], "category": trace["category"],
@@ -353,6 +360,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     results = {
         "models": model_names, "selection": selection, "costs": costs, "trace_seconds": trace_seconds,
         "round_time_noise": args.round_time_noise, "seed": args.seed, "seeds": args.seeds,
+        "fresh_per_prompt": args.fresh_per_prompt,
         "methods": [{"name": name, "rule": "exact", "draft_length": spec.policy,
                      "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens,
                      "draft_length_config": policy.config.to_dict()} for name, spec, policy in built],

@@ -1131,6 +1131,35 @@ def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_pa
         replay.main(argv + traces + ["--skip-per-category", "-1"], load_pair=tiny_pair)
 
 
+def test_replay_fresh_per_prompt_starts_every_prompt_from_an_untrained_policy(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    costs_file = tmp_path / "live.json"
+    costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
+    argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
+            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "heuristic,tapout"]
+    shared = replay.main(argv + ["--name", "shared"], load_pair=tiny_pair)
+    traces = ["--traces", str(tmp_path / "out" / "shared.json")]
+    fresh = replay.main(argv + traces + ["--name", "fresh", "--fresh-per-prompt"], load_pair=tiny_pair)
+    default_tokens = RULES.get("exact").default_num_draft_tokens
+    for name in ("heuristic", "tapout"):
+        for trace in shared["traces"]:
+            untrained = methods.build_policy(name, None, default_tokens, {})
+            alone = replay.replay(untrained, trace["runs"], trace["max_new_tokens"], COSTS, trace["entropies"])
+            record = next(r for r in fresh["records"]
+                          if r["method"] == f"semspec:exact/{name}" and r["prompt_id"] == trace["prompt_id"])
+            assert {k: record[k] for k in alone} == alone
+    # Shared, tapout's second prompt starts from what the first taught it: other rounds than from scratch.
+    second = shared["traces"][1]["prompt_id"]
+
+    def tapout_counts(results):
+        record = next(r for r in results["records"]
+                      if r["method"] == "semspec:exact/tapout" and r["prompt_id"] == second)
+        return record["target_forwards"], record["draft_forwards"]
+
+    assert tapout_counts(shared) != tapout_counts(fresh)
+    assert "a fresh policy for every prompt" in (tmp_path / "out" / "fresh.md").read_text()
+
+
 def test_window_flips_counts_first_mismatches_with_a_full_window():
     from benchmarks.window_flips import trials_and_kept
     from hf_semspec.draft_length import RoundOutcome

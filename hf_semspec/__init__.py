@@ -8,7 +8,14 @@
 from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode
 from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy
 from .errors import SemSpecConfigError
-from .generation import attach, detach, generate, restore_saved_generation_fields, set_default_acceptance
+from .generation import (
+    attach,
+    detach,
+    forget_draft_length_state,
+    generate,
+    restore_saved_generation_fields,
+    set_default_acceptance,
+)
 from .rules import AcceptanceRule, RuleConfig, VerificationInput, VerificationResult, available_rules, register_rule
 from .stats import AcceptanceStats
 
@@ -27,6 +34,7 @@ __all__ = [
     "available_draft_length_policies",
     "available_rules",
     "detach",
+    "forget_draft_length_state",
     "generate",
     "register_policy",
     "register_rule",

@@ -70,6 +70,14 @@ def close_draft(target) -> LlamaForCausalLM:
     return perturbed_copy(target, scale=0.3, seed=2)
 
 
+@pytest.fixture(autouse=True)
+def fresh_draft_length_state():
+    """The models are session-wide, and policies built from a name keep what they learn per models and options
+    across calls: every test starts from none, as a fresh process would."""
+    yield
+    hf_semspec.forget_draft_length_state()
+
+
 @pytest.fixture
 def attached(target):
     """The session target with hf_semspec attached for one test, detached afterwards."""

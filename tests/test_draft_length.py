@@ -202,3 +202,95 @@ def test_policy_end_to_end_exact_stays_lossless(attached, close_draft, name):
     plain = type(attached).generate(attached, prompt(8), do_sample=False, max_new_tokens=24, min_new_tokens=24)
     assert torch.equal(out.sequences, plain)
     assert out.acceptance_stats.num_drafted > 0
+
+
+@dataclass
+class _LearningConfig(_StopAfterConfig):
+    component_name = "learning_test"
+
+
+class _LearningPolicy(_StopAfterPolicy):
+    """Test policy that keeps its state across calls when built from its name; records every instance built and can
+    run one nested `generate()` from inside a round (`nested_call`) or fail in one (`fail_once`)."""
+
+    name = "learning_test"
+    config_class = _LearningConfig
+    keeps_state_across_calls = True
+    instances: list = []
+    nested_call = None
+    fail_once = False
+
+    def __init__(self, config=None):
+        super().__init__(config)
+        type(self).instances.append(self)
+
+    def observe(self, outcome):
+        super().observe(outcome)
+        nested, type(self).nested_call = type(self).nested_call, None
+        if nested is not None:
+            nested()
+        if type(self).fail_once:
+            type(self).fail_once = False
+            raise RuntimeError("round failed")
+
+
+class _ForgetfulPolicy(_LearningPolicy):
+    name = "forgetful_test"
+    keeps_state_across_calls = False
+
+
+@pytest.fixture
+def learning_registered():
+    _LearningPolicy.instances = []
+    register_policy(_LearningPolicy)
+    register_policy(_ForgetfulPolicy)
+    yield
+    POLICIES.unregister("learning_test")
+    POLICIES.unregister("forgetful_test")
+
+
+@pytest.mark.parametrize("name, instances", [("learning_test", 1), ("forgetful_test", 2)])
+def test_a_policy_that_learns_goes_on_across_calls_by_name(attached, close_draft, learning_registered, name,
+                                                           instances):
+    first = generate(attached, close_draft, draft_length=name).acceptance_stats.num_target_forwards
+    second = generate(attached, close_draft, draft_length=name).acceptance_stats.num_target_forwards
+    assert len(_LearningPolicy.instances) == instances
+    if instances == 1:  # one instance saw both calls' rounds
+        assert len(_LearningPolicy.instances[0].outcomes) == first + second
+
+
+def test_kept_policies_are_per_models_rule_and_options(attached, close_draft, unrelated_draft, learning_registered):
+    generate(attached, close_draft, draft_length="learning_test")
+    generate(attached, close_draft, draft_length="learning_test", draft_length_kwargs={"stop_after": 3})
+    generate(attached, close_draft, draft_length="learning_test", num_assistant_tokens=4)
+    generate(attached, unrelated_draft, draft_length="learning_test")
+    generate(attached, close_draft, draft_length="learning_test", acceptance_kwargs={})  # the same rule options
+    attached.generate(prompt(8), assistant_model=close_draft, acceptance="ears", draft_length="learning_test",
+                      max_new_tokens=8)
+    assert len(_LearningPolicy.instances) == 5
+    hf_semspec.forget_draft_length_state(unrelated_draft)
+    generate(attached, close_draft, draft_length="learning_test")  # still kept
+    generate(attached, unrelated_draft, draft_length="learning_test")  # forgotten: a new one
+    assert len(_LearningPolicy.instances) == 6
+    hf_semspec.forget_draft_length_state()
+    generate(attached, close_draft, draft_length="learning_test")
+    assert len(_LearningPolicy.instances) == 7
+
+
+def test_a_call_while_the_kept_policy_is_in_use_gets_a_fresh_one(attached, close_draft, learning_registered):
+    inner = []
+    _LearningPolicy.nested_call = lambda: inner.append(generate(attached, close_draft, draft_length="learning_test"))
+    outer = generate(attached, close_draft, draft_length="learning_test")
+    kept, fresh = _LearningPolicy.instances
+    assert len(fresh.outcomes) == inner[0].acceptance_stats.num_target_forwards
+    assert len(kept.outcomes) == outer.acceptance_stats.num_target_forwards
+    generate(attached, close_draft, draft_length="learning_test")  # the kept one again: the fresh one was not kept
+    assert len(_LearningPolicy.instances) == 2 and len(kept.outcomes) > outer.acceptance_stats.num_target_forwards
+
+
+def test_a_failed_call_frees_its_kept_policy(attached, close_draft, learning_registered):
+    _LearningPolicy.fail_once = True
+    with pytest.raises(RuntimeError, match="round failed"):
+        generate(attached, close_draft, draft_length="learning_test")
+    generate(attached, close_draft, draft_length="learning_test")
+    assert len(_LearningPolicy.instances) == 1

@@ -109,6 +109,7 @@ class AdaEDLPolicy(DraftLengthPolicy):
     paper = "https://proceedings.mlr.press/v262/agrawal24a.html"
     length_field = "max_tokens"
     decides_per_token = True
+    keeps_state_across_calls = True
     reads_draft_probs = True
 
     def __init__(self, config: AdaEDLConfig | None = None):

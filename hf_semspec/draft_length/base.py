@@ -11,8 +11,11 @@ A policy is a second switch next to the acceptance rule (`draft_length="<name>"`
   rule can keep a mismatch on the evidence of the drafts after it (FLy: W drafts), which only a round long enough
   for the window allows.
 
-One policy instance serves one `generate()` call unless the user passes an instance, which then keeps what it
-learned across calls.
+State across calls. A policy instance passed as `draft_length=` keeps what it learned across the calls it is passed
+to. A name builds an instance; a policy that learns something worth keeping (`keeps_state_across_calls`: the
+machine's round times, the draft's calibration, a bandit's arm values) is then kept for the next call with the same
+target, draft, rule (with its options) and policy options, as transformers keeps its "heuristic" schedule's length on
+the assistant model. `hf_semspec.forget_draft_length_state()` starts them afresh.
 """
 
 from __future__ import annotations
@@ -100,6 +103,8 @@ class DraftLengthPolicy(ABC):
             field is filled with `num_assistant_tokens` or the acceptance rule's default draft length.
         decides_per_token (`bool`): `keep_drafting` is called after each drafted token.
         reads_draft_probs (`bool`): `keep_drafting` receives the draft distribution q (else `None`).
+        keeps_state_across_calls (`bool`): what it learns outlives one call, so an instance built from its name is
+            kept for the next call with the same models, rule and options (module docstring).
     """
 
     name: ClassVar[str]
@@ -108,6 +113,7 @@ class DraftLengthPolicy(ABC):
     length_field: ClassVar[str | None] = None
     decides_per_token: ClassVar[bool] = False
     reads_draft_probs: ClassVar[bool] = False
+    keeps_state_across_calls: ClassVar[bool] = False
 
     def __init__(self, config: DraftLengthConfig | None = None):
         self.config = config if config is not None else self.config_class()

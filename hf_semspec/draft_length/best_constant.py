@@ -110,6 +110,7 @@ class BestConstantPolicy(DraftLengthPolicy):
     config_class = BestConstantConfig
     paper = "https://arxiv.org/abs/2211.17192"
     length_field = "initial_tokens"
+    keeps_state_across_calls = True
 
     def __init__(self, config: BestConstantConfig | None = None):
         super().__init__(config)

@@ -266,6 +266,7 @@ class CostAwarePolicy(DraftLengthPolicy):
     paper = "https://arxiv.org/abs/2405.19715"
     length_field = "max_tokens"
     decides_per_token = True
+    keeps_state_across_calls = True
     reads_draft_probs = True
 
     def __init__(self, config: CostAwareConfig | None = None):

@@ -166,9 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     lines += markdown.table(["run", "prompts", "ρ(hit, gain)", "ρ(agree, gain)", "long wins"], summary)
     lines += ["", "Prompts by hit:", ""]
     lines += markdown.table(["hit", "agree", "gain", "category", "prompt", "message tokens", "run"], by_hit)
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    # write_json writes the Paths among the arguments as strings
     markdown.write_summary(RESULTS_DIR, args.name, "\n".join(lines) + "\n",
-                           {"config": config, "torch": torch.__version__, "rows": rows})
+                           {"config": vars(args), "torch": torch.__version__, "rows": rows})
     return 0
 
 

@@ -114,9 +114,9 @@ def main(argv: list[str] | None = None) -> int:
              "added to the round over judging each draft alone, of all accepted drafts.",
              ""] + markdown.table(["category", "rounds", "trials", "kept", "φ", "all accepted", "τ",
                                    "past a mismatch"], rows)
-    config = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
+    # write_json writes the Paths among the arguments as strings
     markdown.write_summary(RESULTS_DIR, args.name, "\n".join(lines) + "\n",
-                           {"config": config, "torch": torch.__version__, "records": records})
+                           {"config": vars(args), "torch": torch.__version__, "records": records})
     return 0
 
 

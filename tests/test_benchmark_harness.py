@@ -1052,12 +1052,18 @@ def test_replay_and_live_end_a_per_token_round_at_the_outputs_eos():
     assert (replayed["target_forwards"], replayed["draft_forwards"]) == (stats.num_target_forwards, stats.num_drafted)
 
 
-def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path):
+def _replay_argv(tmp_path: Path, draft_lengths: str) -> tuple[list[str], Path]:
+    """Arguments of a replay over the tiny data, its rounds priced by COSTS (a live run's cost model in a file), and
+    that file."""
     write_tiny_data(tmp_path / "data")
     costs_file = tmp_path / "live.json"
     costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
-    argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
-            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:2,constant:4,best_constant,tapout"]
+    return ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
+            "--output-dir", str(tmp_path / "out"), "--draft-lengths", draft_lengths], costs_file
+
+
+def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path):
+    argv, costs_file = _replay_argv(tmp_path, "constant:2,constant:4,best_constant,tapout")
     results = replay.main(argv + ["--name", "first"], load_pair=tiny_pair)
     assert [t["prompt_id"] for t in results["traces"]] == ["specbench_question:2", "specbench_question:3"]
     assert len(results["records"]) == 4 * 2
@@ -1112,11 +1118,7 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
 
 
 def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_path):
-    write_tiny_data(tmp_path / "data")
-    costs_file = tmp_path / "live.json"
-    costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
-    argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
-            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:2,tapout", "--round-time-noise", "0.3"]
+    argv = _replay_argv(tmp_path, "constant:2,tapout")[0] + ["--round-time-noise", "0.3"]
     results = replay.main(argv + ["--name", "seeds", "--seeds", "3"], load_pair=tiny_pair)
     traces = ["--traces", str(tmp_path / "out" / "seeds.json")]
     assert len(results["records"]) == 2 * 3 * 2  # methods × seeds × prompts
@@ -1132,11 +1134,7 @@ def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_pa
 
 
 def test_replay_fresh_per_prompt_starts_every_prompt_from_an_untrained_policy(tmp_path):
-    write_tiny_data(tmp_path / "data")
-    costs_file = tmp_path / "live.json"
-    costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
-    argv = ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
-            "--output-dir", str(tmp_path / "out"), "--draft-lengths", "heuristic,tapout"]
+    argv = _replay_argv(tmp_path, "heuristic,tapout")[0]
     shared = replay.main(argv + ["--name", "shared"], load_pair=tiny_pair)
     traces = ["--traces", str(tmp_path / "out" / "shared.json")]
     fresh = replay.main(argv + traces + ["--name", "fresh", "--fresh-per-prompt"], load_pair=tiny_pair)

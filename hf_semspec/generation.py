@@ -267,7 +267,8 @@ def generate(
             decoding starts.
         draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
             `hf_semspec.available_draft_length_policies()` (default `"constant"`), or a policy instance, which
-            keeps what it learned across calls.
+            keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
+            the next call with the same models, rule and options (`forget_draft_length_state()` drops it).
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`);
             default: the rule's `default_num_draft_tokens`.

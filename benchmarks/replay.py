@@ -226,8 +226,8 @@ def render(results: dict) -> str:
         f"{results['selection']}.",
         f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by {priced}, "
         "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
-        ("- Each policy starts every prompt untrained: a fresh policy for every prompt, as `generate()` builds one "
-         "per call from a policy's name (`--fresh-per-prompt`). " if results.get("fresh_per_prompt") else
+        ("- Each policy starts every prompt untrained (`--fresh-per-prompt`): a fresh policy for every prompt, as "
+         "a call to `generate()` gets when nothing is kept across calls. " if results.get("fresh_per_prompt") else
          "- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. ")
         + f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
@@ -282,8 +282,9 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     parser.add_argument("--round-time-noise", type=float, default=0.0, help="σ: the policies see each round's "
                         "modeled seconds times exp(σ·z), z ~ N(0, 1), as live rounds scatter (0 = none)")
     parser.add_argument("--fresh-per-prompt", action="store_true",
-                        help="a new policy instance for every prompt, as generate() builds one per call from a name "
-                        "(default: one instance across the prompts, as a server passing an instance)")
+                        help="a new policy instance for every prompt, as each generate() call would get if nothing "
+                        "were kept across calls (default: one instance across the prompts, as generate() keeps a "
+                        "policy that learns)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the round-time noise (one stream per policy)")
     parser.add_argument("--seeds", type=int, default=1, help="with --round-time-noise: replay every policy this many "
                         "times, from a fresh instance, with seeds seed, seed+1, ...; the table averages them")
@@ -351,7 +352,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                 policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
             rng = random.Random(seed)
             for trace in traces:
-                if args.fresh_per_prompt:  # as `generate(draft_length="<name>")` builds one per call
+                if args.fresh_per_prompt:  # as if generate() kept nothing across calls
                     policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
                 counts = replay(policy, trace["runs"], trace["max_new_tokens"], costs, trace.get("entropies"),
                                 args.round_time_noise, rng)

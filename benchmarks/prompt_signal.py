@@ -135,17 +135,27 @@ def main(argv: list[str] | None = None) -> int:
     texts = {p.prompt_id: p.text for p in data.load_question_prompts(args.data_dir / data.SPECBENCH_FILE, 64)}
     pair = load_pair("qwen")
     empty_ids = pair.encode("")["input_ids"][0].tolist()
-    rows = []
-    for run_name, results in runs.items():
-        for prompt_id, gain in gains(results, args.long, args.short).items():
+    signals: dict[str, dict] = {}  # prompt id → its signal, measured once however many runs have the prompt
+
+    def signal(prompt_id: str) -> dict:
+        if prompt_id not in signals:
             ids = pair.encode(texts[prompt_id])["input_ids"]
             start, stop = user_span(ids[0].tolist(), empty_ids)
             with torch.no_grad():
                 draft_logits = pair.draft(input_ids=ids).logits[0].float()
                 target_logits = pair.target(input_ids=ids).logits[0].float()
-            rows.append({"run": run_name, "prompt_id": prompt_id, **gain, "message_tokens": stop - start,
-                         "hit": float(predicted_right(draft_logits, ids[0], start, stop).float().mean()),
-                         "agree": float(same_prediction(draft_logits, target_logits, start, stop).float().mean())})
+            signals[prompt_id] = {
+                "message_tokens": stop - start,
+                "hit": float(predicted_right(draft_logits, ids[0], start, stop).float().mean()),
+                "agree": float(same_prediction(draft_logits, target_logits, start, stop).float().mean())}
+        return signals[prompt_id]
+
+    rows = []
+    for run_name, results in runs.items():
+        for prompt_id, gain in gains(results, args.long, args.short).items():
+            rows.append({"run": run_name, "prompt_id": prompt_id, **gain, **signal(prompt_id)})
+            print(f"{rows[-1]['category']:15s} {prompt_id}: hit {rows[-1]['hit']:.2f}, agree "
+                  f"{rows[-1]['agree']:.2f}, gain {gain['gain']:.2f}", flush=True)
             print(f"{rows[-1]['category']:15s} {prompt_id}: hit {rows[-1]['hit']:.2f}, agree "
                   f"{rows[-1]['agree']:.2f}, gain {gain['gain']:.2f}", flush=True)
 

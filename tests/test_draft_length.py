@@ -241,7 +241,7 @@ class _ForgetfulPolicy(_LearningPolicy):
 
 @pytest.fixture
 def learning_registered():
-    _LearningPolicy.instances = []
+    _LearningPolicy.instances, _LearningPolicy.nested_call, _LearningPolicy.fail_once = [], None, False
     register_policy(_LearningPolicy)
     register_policy(_ForgetfulPolicy)
     yield

@@ -83,11 +83,6 @@ def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationCon
 
 # transformers' `num_assistant_tokens_schedule` values and the policy each one means.
 _SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heuristic_transient": "heuristic"}
-# transformers' "heuristic" schedule carries the draft length it reached over to the next call with the same
-# assistant model ("heuristic_transient" starts afresh); we keep that schedule's policy per assistant model.
-_HEURISTIC_POLICY_OF_ASSISTANT: "weakref.WeakKeyDictionary[torch.nn.Module, DraftLengthPolicy]" = (
-    weakref.WeakKeyDictionary()
-)
 
 
 # Policies built from a name that learn across calls (`DraftLengthPolicy.keeps_state_across_calls`): one per target,
@@ -95,7 +90,9 @@ _HEURISTIC_POLICY_OF_ASSISTANT: "weakref.WeakKeyDictionary[torch.nn.Module, Draf
 # learned. Why: one call rarely makes enough rounds to learn from. Replayed on the reference pair's `exact` traces
 # (128 tokens a prompt, benchmarks/results/replay-exact-3x128*-per-call.md against *-by-length.md), `tapout` made
 # 1.04 / 1.03 of the best fixed length when every call started afresh and 1.08 / 1.10 going on across prompts;
-# `cost_aware` 1.06 / 1.06 against 1.09 / 1.11. A call that finds its policy in use by another call (another thread)
+# `cost_aware` 1.06 / 1.06 against 1.09 / 1.11. transformers' "heuristic" schedule carries its length over to the
+# next call too ("heuristic_transient" starts afresh), so its policy is kept the same way (transformers keeps it on
+# the draft model alone, whatever the target). A call that finds its policy in use by another call (another thread)
 # gets a fresh one, not kept.
 _KEPT_POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
 _POLICIES_IN_USE: set[int] = set()  # id() of the kept policies that a call is decoding with
@@ -131,11 +128,10 @@ def forget_draft_length_state(assistant_model: torch.nn.Module | None = None) ->
     assistant model, or for `assistant_model` only. The next call builds its policy afresh. Policy instances passed
     as `draft_length=` are the caller's and are not touched."""
     with _KEPT_POLICIES_LOCK:
-        for kept in (_KEPT_POLICIES, _HEURISTIC_POLICY_OF_ASSISTANT):
-            if assistant_model is None:
-                kept.clear()
-            else:
-                kept.pop(assistant_model, None)
+        if assistant_model is None:
+            _KEPT_POLICIES.clear()
+        else:
+            _KEPT_POLICIES.pop(assistant_model, None)
 
 
 def _build_draft_length_policy(
@@ -150,7 +146,8 @@ def _build_draft_length_policy(
     """The draft-length policy of this call: `draft_length` (a name, or a policy instance that keeps its state
     across calls), else transformers' `num_assistant_tokens_schedule`, else `constant`. `num_assistant_tokens`
     sets the policy's length field (its fixed, initial or maximum length). A policy that
-    `keeps_state_across_calls` is kept per models, rule and options (`_kept_policy`): release it after the call."""
+    `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is kept per models, rule and
+    options (`_kept_policy`): release it after the call."""
     if isinstance(call_name, DraftLengthPolicy):
         if call_kwargs is not None:
             raise invalid_value(
@@ -170,9 +167,7 @@ def _build_draft_length_policy(
             f"one of {sorted(_SCHEDULE_POLICIES)}, consistent with draft_length={name!r}",
             "use draft_length=<policy> (hf_semspec.available_draft_length_policies()) instead of the schedule",
         )
-    persistent = name is None and schedule == "heuristic"
-    if persistent and assistant_model in _HEURISTIC_POLICY_OF_ASSISTANT:
-        return _HEURISTIC_POLICY_OF_ASSISTANT[assistant_model]
+    carried_over_schedule = name is None and schedule == "heuristic"
     if name is None:
         name = _SCHEDULE_POLICIES[schedule] if schedule is not None else "constant"
     policy_class = POLICIES.get(name)
@@ -193,13 +188,10 @@ def _build_draft_length_policy(
         elif getattr(config, length_field) is None:
             setattr(config, length_field, rule.default_num_draft_tokens)
         config.validate()
-    if policy_class.keeps_state_across_calls:
+    if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
         return _kept_policy(model, assistant_model, key, lambda: policy_class(config))
-    policy = policy_class(config)
-    if persistent:
-        _HEURISTIC_POLICY_OF_ASSISTANT[assistant_model] = policy
-    return policy
+    return policy_class(config)
 
 
 def _vocab_size(model: torch.nn.Module) -> int:
@@ -268,7 +260,9 @@ def generate(
         draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
             `hf_semspec.available_draft_length_policies()` (default `"constant"`), or a policy instance, which
             keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
-            the next call with the same models, rule and options (`forget_draft_length_state()` drops it).
+            the next call with the same models, rule and options (`forget_draft_length_state()` drops it). With a
+            rule other than `"exact"`, or with sampling, where rounds end changes the text; the README's Draft
+            length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`);
             default: the rule's `default_num_draft_tokens`.

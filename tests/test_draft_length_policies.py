@@ -774,9 +774,9 @@ def test_tapout_ignores_the_prefill_rounds_time(reward):
 
 
 @pytest.mark.parametrize("schedule, carries_over", [("heuristic", True), ("heuristic_transient", False)])
-def test_heuristic_schedule_persists_per_assistant_model_like_transformers(attached, schedule, carries_over):
+def test_heuristic_schedule_carries_its_length_over_like_transformers(attached, schedule, carries_over):
     """With the draft equal to the target every round is fully accepted, so the length grows 2 → 4 → … . The
-    'heuristic' schedule starts the next call with the same assistant where the previous call stopped (8 here);
+    'heuristic' schedule starts the next call with the same models where the previous call stopped (8 here);
     'heuristic_transient' starts again from num_assistant_tokens."""
     from conftest import tiny_llama
 
@@ -787,6 +787,43 @@ def test_heuristic_schedule_persists_per_assistant_model_like_transformers(attac
     assert len(first.drafted_per_position) == 4  # rounds of 2, 4, then 3 (capped by max_new_tokens)
     second = attached.generate(prompt(8, seed=1), **kwargs).acceptance_stats
     assert len(second.drafted_per_position) == (8 if carries_over else 4)
+
+
+def test_heuristic_schedule_is_kept_per_target_and_rule_and_not_shared_by_a_concurrent_call(attached):
+    """As above, every round is accepted, so the length grows by 2 after each round; a round drafts at most one token
+    less than the tokens left. The length the 'heuristic' schedule reached goes on only with the same target, draft
+    and rule (transformers keys it on the draft alone). A call made while another call is decoding with the kept
+    policy (here from the outer call's stopping criteria; in a server, another thread) starts afresh, and the outer
+    call's policy is the one kept."""
+    from conftest import tiny_llama
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    draft = tiny_llama(seed=0)
+    kwargs = dict(assistant_model=draft, acceptance="exact", max_new_tokens=12, min_new_tokens=12,
+                  num_assistant_tokens=2, num_assistant_tokens_schedule="heuristic", return_dict_in_generate=True)
+
+    def longest_round(model=attached, **changed):
+        return len(model.generate(prompt(8), **{**kwargs, **changed}).acceptance_stats.drafted_per_position)
+
+    assert longest_round() == 4  # rounds of 2, 4, 3 (capped); the length is now 8
+    assert longest_round(hf_semspec.attach(tiny_llama(seed=0))) == 4  # another target (the same weights): afresh
+    assert longest_round(acceptance="ears") == 4  # another rule: afresh
+    assert longest_round() == 8  # the first call's policy goes on from 8
+
+    class InnerCall(StoppingCriteria):
+        def __init__(self):
+            self.longest_rounds = []
+
+        def __call__(self, input_ids, scores, **_):
+            if not self.longest_rounds:  # after the outer call's first round (2 drafts; its length is now 4)
+                self.longest_rounds.append(longest_round(max_new_tokens=24, min_new_tokens=24))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    hf_semspec.forget_draft_length_state(draft)
+    inner = InnerCall()
+    assert longest_round(stopping_criteria=StoppingCriteriaList([inner])) == 4  # 2, 4, 3: untouched by the inner call
+    assert inner.longest_rounds == [8]  # afresh: 2, 4, 6, 8 (its length is now 10)
+    assert longest_round() == 8  # the outer call's policy (at 8) was kept, not the inner call's (at 10)
 
 
 @pytest.mark.parametrize("policy_name, stops_at_eos", [("svip", True), ("constant", False)])

@@ -13,14 +13,15 @@ and the increment applies to the budget. One difference: transformers lets γ gr
 each round near `max_length`); here γ never exceeds `max_tokens` (default 128, the package's largest draft).
 
 Where the state lives. transformers keeps γ on the *assistant model*: with "heuristic" it writes γ back to
-`assistant_model.generation_config.num_assistant_tokens` at the end of `generate()`, so the next call starts where
-the last one stopped; "heuristic_transient" starts every call from the initial value. Here the policy instance holds
-γ: `draft_length="heuristic"` (or either schedule name) builds a new instance per `generate()` call, which is
-"heuristic_transient"; pass an instance (`draft_length=HeuristicPolicy(...)`) to keep γ across calls, which is
-"heuristic". The first length also differs when the user sets none: transformers starts from 20 (its global default
-for `num_assistant_tokens`), here an unset `initial_tokens` is the acceptance rule's default draft length (5 when the
-policy is built outside `generate()`). transformers' separate `assistant_confidence_threshold` stopping criterion
-is not part of this policy.
+`assistant_model.generation_config.num_assistant_tokens` at the end of `generate()`, so the next call starts where the
+last one stopped; "heuristic_transient" starts every call from the initial value. Here the policy instance holds γ:
+`draft_length="heuristic"` and the "heuristic_transient" schedule build a new instance per `generate()` call; the
+"heuristic" schedule's instance is kept for the next call with the same target, draft, rule and options (transformers
+keys γ on the draft model alone), as the policies that learn are; an instance passed as
+`draft_length=HeuristicPolicy(...)` keeps γ across the calls it is passed to. The first length also differs when the
+user sets none: transformers starts from 20 (its global default for `num_assistant_tokens`), here an unset
+`initial_tokens` is the acceptance rule's default draft length (5 when the policy is built outside `generate()`).
+transformers' separate `assistant_confidence_threshold` stopping criterion is not part of this policy.
 
 Worked example: `initial_tokens=5`. Rounds (drafted, accepted) = (5, 5), (7, 3), (6, 6), (8, 0) give budgets
 5 → 7 → 6 → 8 → 7; from γ = 1 a round (1, 0) stays at 1 (the floor), and a round (1, 1) gives 3.

@@ -204,22 +204,26 @@ def test_policy_end_to_end_exact_stays_lossless(attached, close_draft, name):
     assert out.acceptance_stats.num_drafted > 0
 
 
-@pytest.mark.parametrize("name", ["constant", "heuristic", "svip", "adaedl"])
-def test_a_policy_that_reads_no_clock_repeats_its_sampled_text_after_forgetting(attached, close_draft, name):
+CLOCKLESS_TAPOUT = {"reward": "tokens_per_forward", "arms": ["adaedl", "svip", "heuristic"]}
+
+
+@pytest.mark.parametrize("name, options", [("constant", None), ("heuristic", None), ("svip", None), ("adaedl", None),
+                                           ("tapout", CLOCKLESS_TAPOUT)])
+def test_a_policy_that_reads_no_clock_repeats_its_sampled_text_after_forgetting(attached, close_draft, name, options):
     """The README's advice for repeatable text: these policies' lengths follow the rounds they saw, not their times,
-    so after `forget_draft_length_state()` the same sampled `fly` call returns its first text again (`adaedl`'s
-    kept threshold changes the text in between)."""
+    so after `forget_draft_length_state()` the same sampled `fly` call returns its first text again (what the learning
+    ones kept changes the text in between)."""
 
     def sampled_call():
         torch.manual_seed(0)
         return attached.generate(prompt(8), assistant_model=close_draft, acceptance="fly", draft_length=name,
-                                 do_sample=True, max_new_tokens=48, min_new_tokens=48)
+                                 draft_length_kwargs=options, do_sample=True, max_new_tokens=48, min_new_tokens=48)
 
     first = sampled_call()
     later = [sampled_call() for _ in range(2)]
     hf_semspec.forget_draft_length_state()
     assert torch.equal(sampled_call(), first)
-    if name == "adaedl":
+    if POLICIES.get(name).keeps_state_across_calls:
         assert any(not torch.equal(text, first) for text in later)
 
 

@@ -316,6 +316,18 @@ def generate(
         )
     if synced_gpus:
         raise invalid_value("synced_gpus", synced_gpus, "False/None with an acceptance rule", "remove synced_gpus")
+    confidence_threshold = _first_set(
+        kwargs.get("assistant_confidence_threshold"), getattr(generation_config, "assistant_confidence_threshold", None)
+    )
+    if confidence_threshold is not None:
+        # transformers reads this stop from the draft model's generation config only and drops a call's value; here
+        # the draft length is the `draft_length` policy's alone, so a value given with the call would do nothing.
+        raise invalid_value(
+            "assistant_confidence_threshold",
+            confidence_threshold,
+            "None with an acceptance rule (how many tokens to draft is the `draft_length` policy's decision)",
+            "remove it; draft_length='svip' or 'adaedl' ends a round when the draft is unsure",
+        )
     if kwargs.get("inputs_embeds") is not None:
         raise invalid_value(
             "inputs_embeds", "a tensor", "input_ids only with an acceptance rule", "pass input_ids instead"

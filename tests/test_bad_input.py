@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import prompt, tiny_llama
+from transformers import GenerationConfig
 
 import hf_semspec
 from hf_semspec import SemSpecConfigError
@@ -108,6 +109,15 @@ def test_empty_max_new_tokens(no_forward, value):
 def test_static_cache(no_forward):
     with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
         generate(no_forward, acceptance="exact", cache_implementation="static")
+
+
+@pytest.mark.parametrize("in_generation_config", [False, True])
+def test_assistant_confidence_threshold_is_not_silently_dropped(no_forward, in_generation_config):
+    given = {"assistant_confidence_threshold": 0.4}
+    if in_generation_config:
+        given = {"generation_config": GenerationConfig(**given)}
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_confidence_threshold` = 0.4.*Fix: remove it; draft_length"):
+        generate(no_forward, acceptance="exact", **given)
 
 
 def test_output_attentions(no_forward):

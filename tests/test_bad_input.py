@@ -116,7 +116,7 @@ def test_assistant_confidence_threshold_is_not_silently_dropped(no_forward, in_g
     given = {"assistant_confidence_threshold": 0.4}
     if in_generation_config:
         given = {"generation_config": GenerationConfig(**given)}
-    with pytest.raises(SemSpecConfigError, match=r"`assistant_confidence_threshold` = 0.4.*Fix: remove it; draft_length"):
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_confidence_threshold` = 0.4.*Fix: remove it; draft_len"):
         generate(no_forward, acceptance="exact", **given)
 
 

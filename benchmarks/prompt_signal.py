@@ -17,7 +17,12 @@ and, per prompt of the given runs (fixed-length sweeps with greedy decoding),
     gain  = modeled tokens/s of `--long` over `--short` (γ = 16 over γ = 3 by default), each run's cost model
 
 then Spearman's rank correlation of hit and agree with log gain, per run and over all prompts (a prompt in two runs
-counted once, with its first run's gain). Costs two forwards over each prompt, no generation. Written to `benchmarks/results/<name>.json` and `.md`.
+counted once, with its first run's gain). Costs two forwards over each prompt, no generation. Written to
+`benchmarks/results/<name>.json` and `.md`.
+
+With `--cut H`, a hit fixed before the runs (say, the median of earlier prompts), it also tests that cut on them: how
+many prompts on each side the long length won, and `splice`, the speed of taking `--above`'s records (default
+`--long`) on the prompts above the cut and `--below`'s (default `tapout`) on the others, against the best fixed length.
 """
 
 from __future__ import annotations
@@ -92,25 +97,50 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return covariance / spread if spread > 0 else math.nan
 
 
-def gains(results: dict, long: str, short: str) -> dict[str, dict]:
-    """prompt id → {"category", "gain"}: modeled tokens/s of `long` over `short` on that prompt, at the run's cost
-    model. Raises when the run lacks either method."""
-    methods = sorted({r["method"] for r in results["records"]})
-    missing = [m for m in (long, short) if m not in methods]
+def modeled_speeds(results: dict, methods: list[str]) -> dict[str, dict]:
+    """prompt id → {"category", method: modeled tokens/s at the run's cost model} for each of `methods` the prompt
+    has. Raises when the run lacks one of them, or a cost model."""
+    present = sorted({r["method"] for r in results["records"]})
+    missing = [m for m in methods if m not in present]
     if missing:
-        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {methods}). Fix: pass a fixed-length "
-                         "sweep and name two of its methods with --long and --short.")
+        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {present}). Fix: pass a fixed-length "
+                         "sweep and name its methods with --long, --short, --above and --below.")
     costs = metrics.run_cost_model(results)
     if costs is None:
         raise ValueError("the run has no cost model and its records do not determine one (metrics.fit_round_costs). "
                          "Fix: pass a benchmarks/run.py results file with several hf_semspec methods per prompt.")
     speeds: dict[str, dict] = {}
     for record in results["records"]:
-        if record["method"] in (long, short):
+        if record["method"] in methods:
             speeds.setdefault(record["prompt_id"], {"category": record["category"]})[record["method"]] = (
                 metrics.modeled_tokens_per_s(record, costs))
-    return {p: {"category": s["category"], "gain": s[long] / s[short]} for p, s in speeds.items()
-            if long in s and short in s}
+    return speeds
+
+
+def gains(results: dict, long: str, short: str) -> dict[str, dict]:
+    """prompt id → {"category", "gain"}: modeled tokens/s of `long` over `short` on that prompt, at the run's cost
+    model. Raises when the run lacks either method."""
+    return {p: {"category": s["category"], "gain": s[long] / s[short]}
+            for p, s in modeled_speeds(results, [long, short]).items() if long in s and short in s}
+
+
+def splice(speeds: dict[str, dict], hits: dict[str, float], cut: float, above: str, below: str,
+           fixed: list[str]) -> list[dict]:
+    """What switching on the signal would have given, replayed from the run's records (an upper bound for a policy
+    that reads the hit before its first round; nothing is decoded): on each prompt, `above`'s speed where its hit
+    > `cut`, else `below`'s. Per category, then "overall": the geometric mean over the prompts of the splice and of
+    `below` alone, each as a ratio to the best of the `fixed` methods there (by geometric mean). `speeds` as
+    `modeled_speeds`, with every method on every prompt."""
+    spliced = {p: speed[above] if hits[p] > cut else speed[below] for p, speed in speeds.items()}
+    rows = []
+    for label in sorted({s["category"] for s in speeds.values()}) + ["overall"]:
+        chosen = [p for p, speed in speeds.items() if label in ("overall", speed["category"])]
+        mean = {m: metrics.geometric_mean([speeds[p][m] for p in chosen]) for m in [*fixed, below]}
+        mean["splice"] = metrics.geometric_mean([spliced[p] for p in chosen])
+        best = max(fixed, key=mean.get)
+        rows.append({"category": label, "prompts": len(chosen), "best_fixed": best,
+                     "below": mean[below] / mean[best], "splice": mean["splice"] / mean[best]})
+    return rows
 
 
 def first_of_each_prompt(rows: list[dict]) -> list[dict]:
@@ -122,11 +152,36 @@ def first_of_each_prompt(rows: list[dict]) -> list[dict]:
     return list(first.values())
 
 
+def cut_section(runs: dict[str, dict], rows: list[dict], cut: float, above: str, below: str) -> list[str]:
+    """The markdown of `--cut`: the prompts on each side of the cut and how many of them the long length won, then
+    `splice` over every run's prompts (each run at its own cost model)."""
+    chosen = first_of_each_prompt(rows)
+    sides = [("above", [r for r in chosen if r["hit"] > cut]), ("at or below", [r for r in chosen if r["hit"] <= cut])]
+    lines = ["", f"## A cut fixed beforehand: hit > {cut:g}", ""]
+    lines += markdown.table(["side", "prompts", "long wins"],
+                            [[name, str(len(side)), str(sum(r["gain"] > 1 for r in side))] for name, side in sides])
+    hits = {r["prompt_id"]: r["hit"] for r in chosen}
+    for run_name, results in runs.items():
+        fixed = sorted({r["method"] for r in results["records"] if "/constant:" in r["method"]})
+        speeds = {p: s for p, s in modeled_speeds(results, [*fixed, above, below]).items() if p in hits}
+        table = [[r["category"], str(r["prompts"]), f"`{r['best_fixed']}`", f"{r['below']:.2f}", f"{r['splice']:.2f}"]
+                 for r in splice(speeds, hits, cut, above, below, fixed)]
+        lines += ["", f"`{run_name}`: modeled tokens/s (the run's cost model) as a ratio to the best fixed length; "
+                  f"*splice*: `{above}` on the prompts above the cut, `{below}` on the others.", ""]
+        lines += markdown.table(["category", "prompts", "best fixed", f"`{below}`", "splice"], table)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path, help="results JSONs of fixed-length sweeps (benchmarks/run.py)")
     parser.add_argument("--long", default="semspec:fly/constant:16", help="the long fixed length's method name")
     parser.add_argument("--short", default="semspec:fly/constant:3", help="the short fixed length's method name")
+    parser.add_argument("--cut", type=float, default=None,
+                        help="a hit fixed before these runs (e.g. from earlier ones): report how it splits the prompts "
+                        "and what --above above it and --below below it would have given (`splice`)")
+    parser.add_argument("--above", default=None, help="with --cut, the method above it (default: --long)")
+    parser.add_argument("--below", default="semspec:fly/tapout", help="with --cut, the method below it")
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--name", default="fly-prompt-signal")
     args = parser.parse_args(argv)
@@ -156,8 +211,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"run": run_name, "prompt_id": prompt_id, **gain, **signal(prompt_id)})
             print(f"{rows[-1]['category']:15s} {prompt_id}: hit {rows[-1]['hit']:.2f}, agree "
                   f"{rows[-1]['agree']:.2f}, gain {gain['gain']:.2f}", flush=True)
-            print(f"{rows[-1]['category']:15s} {prompt_id}: hit {rows[-1]['hit']:.2f}, agree "
-                  f"{rows[-1]['agree']:.2f}, gain {gain['gain']:.2f}", flush=True)
 
     def correlations(chosen: list[dict]) -> list[str]:
         log_gain = [math.log(r["gain"]) for r in chosen]
@@ -176,6 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     lines += markdown.table(["run", "prompts", "ρ(hit, gain)", "ρ(agree, gain)", "long wins"], summary)
     lines += ["", "Prompts by hit:", ""]
     lines += markdown.table(["hit", "agree", "gain", "category", "prompt", "message tokens", "run"], by_hit)
+    if args.cut is not None:
+        lines += cut_section(runs, rows, args.cut, args.above or args.long, args.below)
     # write_json writes the Paths among the arguments as strings
     markdown.write_summary(RESULTS_DIR, args.name, "\n".join(lines) + "\n",
                            {"config": vars(args), "torch": torch.__version__, "rows": rows})

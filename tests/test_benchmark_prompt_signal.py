@@ -75,3 +75,37 @@ def test_a_prompt_in_two_runs_counts_once_with_its_first_run():
     rows = [{"prompt_id": "p", "run": "a", "gain": 2.0}, {"prompt_id": "q", "run": "a", "gain": 1.0},
             {"prompt_id": "p", "run": "b", "gain": 0.5}]
     assert prompt_signal.first_of_each_prompt(rows) == rows[:2]
+
+
+TAPOUT = "semspec:fly/tapout"
+
+
+def test_splice_takes_the_long_length_above_the_cut_and_the_policy_below():
+    speeds = {"p": {"category": "math", LONG: 4.0, SHORT: 2.0, TAPOUT: 3.0},  # hit above the cut: 4
+              "q": {"category": "math", LONG: 1.5, SHORT: 2.0, TAPOUT: 2.0},  # below: 2
+              "r": {"category": "qa", LONG: 1.0, SHORT: 3.0, TAPOUT: 2.0}}  # above, where the long length loses: 1
+    rows = prompt_signal.splice(speeds, {"p": 0.6, "q": 0.2, "r": 0.5}, 0.4, LONG, TAPOUT, [SHORT, LONG])
+    # math: the best fixed length is LONG (√6 against √4); qa: SHORT; overall: SHORT (∛12 against ∛6).
+    assert rows == [
+        {"category": "math", "prompts": 2, "best_fixed": LONG, "below": pytest.approx(1.0),
+         "splice": pytest.approx(math.sqrt(4 * 2) / math.sqrt(6))},
+        {"category": "qa", "prompts": 1, "best_fixed": SHORT, "below": pytest.approx(2 / 3),
+         "splice": pytest.approx(1 / 3)},
+        {"category": "overall", "prompts": 3, "best_fixed": SHORT, "below": pytest.approx(1.0),
+         "splice": pytest.approx((4 * 2 * 1 / 12) ** (1 / 3))},
+    ]
+
+
+def test_cut_section_counts_each_side_and_splices_the_run():
+    records = [_record("p", LONG, 8, 112), _record("p", SHORT, 20, 60), _record("p", TAPOUT, 12, 40),
+               _record("q", LONG, 30, 160), _record("q", SHORT, 20, 60), _record("q", TAPOUT, 20, 50)]
+    runs = {"a.json": _results(records)}
+    gain = prompt_signal.gains(runs["a.json"], LONG, SHORT)
+    rows = [{"prompt_id": p, "run": "a.json", "hit": hit, **gain[p]} for p, hit in [("p", 0.6), ("q", 0.2)]]
+    lines = prompt_signal.cut_section(runs, rows, 0.4, LONG, TAPOUT)
+    assert "| above | 1 | 1 |" in lines and "| at or below | 1 | 0 |" in lines  # p gains from γ = 16, q does not
+    # Speeds at 1 s a forward and 0.1 s a draft: p takes LONG's 64 / 19.2, q TAPOUT's 64 / 25; the best fixed length
+    # overall is SHORT at 64 / 26 on both (LONG: √(64/19.2 · 64/46)); TAPOUT alone: √(64/16 · 64/25).
+    splice = math.sqrt(64 / 19.2 * 64 / 25) / (64 / 26)
+    tapout = math.sqrt(64 / 16 * 64 / 25) / (64 / 26)
+    assert f"| overall | 2 | `{SHORT}` | {tapout:.2f} | {splice:.2f} |" in lines

@@ -167,7 +167,8 @@ def _build_draft_length_policy(
             f"one of {sorted(_SCHEDULE_POLICIES)}, consistent with draft_length={name!r}",
             "use draft_length=<policy> (hf_semspec.available_draft_length_policies()) instead of the schedule",
         )
-    carried_over_schedule = name is None and schedule == "heuristic"
+    # With draft_length="heuristic" too: the schedule is what says whether the length carries over.
+    carried_over_schedule = schedule == "heuristic"
     if name is None:
         name = _SCHEDULE_POLICIES[schedule] if schedule is not None else "constant"
     policy_class = POLICIES.get(name)

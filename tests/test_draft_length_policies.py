@@ -773,16 +773,19 @@ def test_tapout_ignores_the_prefill_rounds_time(reward):
     assert policy.pulls[arm] == 1 and policy._scale() == pytest.approx(5 / 0.5)
 
 
+@pytest.mark.parametrize("named", [False, True])
 @pytest.mark.parametrize("schedule, carries_over", [("heuristic", True), ("heuristic_transient", False)])
-def test_heuristic_schedule_carries_its_length_over_like_transformers(attached, schedule, carries_over):
+def test_heuristic_schedule_carries_its_length_over_like_transformers(attached, schedule, carries_over, named):
     """With the draft equal to the target every round is fully accepted, so the length grows 2 → 4 → … . The
     'heuristic' schedule starts the next call with the same models where the previous call stopped (8 here);
-    'heuristic_transient' starts again from num_assistant_tokens."""
+    'heuristic_transient' starts again from num_assistant_tokens. Naming the policy as well changes neither."""
     from conftest import tiny_llama
 
     draft = tiny_llama(seed=0)  # the target's weights: everything is accepted
     kwargs = dict(assistant_model=draft, acceptance="exact", max_new_tokens=12, min_new_tokens=12,
                   num_assistant_tokens=2, num_assistant_tokens_schedule=schedule, return_dict_in_generate=True)
+    if named:
+        kwargs["draft_length"] = "heuristic"
     first = attached.generate(prompt(8), **kwargs).acceptance_stats
     assert len(first.drafted_per_position) == 4  # rounds of 2, 4, then 3 (capped by max_new_tokens)
     second = attached.generate(prompt(8, seed=1), **kwargs).acceptance_stats

@@ -126,11 +126,17 @@ def gains(results: dict, long: str, short: str) -> dict[str, dict]:
 
 def splice(speeds: dict[str, dict], hits: dict[str, float], cut: float, above: str, below: str,
            fixed: list[str]) -> list[dict]:
-    """What switching on the signal would have given, replayed from the run's records (an upper bound for a policy
-    that reads the hit before its first round; nothing is decoded): on each prompt, `above`'s speed where its hit
-    > `cut`, else `below`'s. Per category, then "overall": the geometric mean over the prompts of the splice and of
-    `below` alone, each as a ratio to the best of the `fixed` methods there (by geometric mean). `speeds` as
-    `modeled_speeds`, with every method on every prompt."""
+    """What switching on the signal would have given, read off the run's records (nothing is decoded, and each
+    method's records come from a run that did not switch, so it estimates a policy that reads the hit before its first
+    round; it is not one): on each prompt, `above`'s speed where its hit > `cut`, else `below`'s. Per category, then
+    "overall": the geometric mean over the prompts of the splice and of `below` alone, each as a ratio to the best of
+    the `fixed` methods there (by geometric mean). `speeds` as `modeled_speeds`; raises when a prompt lacks a method
+    or a hit."""
+    for p, speed in speeds.items():
+        missing = [m for m in [*fixed, above, below] if m not in speed] + (["its hit"] if p not in hits else [])
+        if missing:
+            raise ValueError(f"prompt {p} has no {', '.join(missing)}. Fix: pass runs in which every prompt ran every "
+                             "method, and measure the hit of each.")
     spliced = {p: speed[above] if hits[p] > cut else speed[below] for p, speed in speeds.items()}
     rows = []
     for label in sorted({s["category"] for s in speeds.values()}) + ["overall"]:

@@ -109,3 +109,9 @@ def test_cut_section_counts_each_side_and_splices_the_run():
     splice = math.sqrt(64 / 19.2 * 64 / 25) / (64 / 26)
     tapout = math.sqrt(64 / 16 * 64 / 25) / (64 / 26)
     assert f"| overall | 2 | `{SHORT}` | {tapout:.2f} | {splice:.2f} |" in lines
+
+
+def test_splice_of_a_prompt_without_a_method_names_both():
+    speeds = {"p": {"category": "math", LONG: 4.0, SHORT: 2.0}}
+    with pytest.raises(ValueError, match="prompt p has no semspec:fly/tapout"):
+        prompt_signal.splice(speeds, {"p": 0.6}, 0.4, LONG, TAPOUT, [SHORT, LONG])

@@ -38,7 +38,7 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from . import data, markdown, metrics  # noqa: E402
+from . import data, markdown, metrics, resolution  # noqa: E402
 from .models import load_pair  # noqa: E402
 
 RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
@@ -97,9 +97,9 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return covariance / spread if spread > 0 else math.nan
 
 
-def modeled_speeds(results: dict, methods: list[str]) -> dict[str, dict]:
-    """prompt id → {"category", method: modeled tokens/s at the run's cost model} for each of `methods` the prompt
-    has. Raises when the run lacks one of them, or a cost model."""
+def modeled_speeds(results: dict, methods: list[str]) -> dict[str, dict[str, float]]:
+    """method → prompt → modeled tokens/s at the run's cost model (`resolution.per_prompt_values`) for `methods`.
+    Raises when the run lacks one of them, or a cost model."""
     present = sorted({r["method"] for r in results["records"]})
     missing = [m for m in methods if m not in present]
     if missing:
@@ -109,43 +109,45 @@ def modeled_speeds(results: dict, methods: list[str]) -> dict[str, dict]:
     if costs is None:
         raise ValueError("the run has no cost model and its records do not determine one (metrics.fit_round_costs). "
                          "Fix: pass a benchmarks/run.py results file with several hf_semspec methods per prompt.")
-    speeds: dict[str, dict] = {}
-    for record in results["records"]:
-        if record["method"] in methods:
-            speeds.setdefault(record["prompt_id"], {"category": record["category"]})[record["method"]] = (
-                metrics.modeled_tokens_per_s(record, costs))
-    return speeds
+    return resolution.per_prompt_values([r for r in results["records"] if r["method"] in methods], costs)
+
+
+def categories_of(results: dict) -> dict[str, str]:
+    """prompt id → its category."""
+    return {r["prompt_id"]: r["category"] for r in results["records"]}
 
 
 def gains(results: dict, long: str, short: str) -> dict[str, dict]:
     """prompt id → {"category", "gain"}: modeled tokens/s of `long` over `short` on that prompt, at the run's cost
     model. Raises when the run lacks either method."""
-    return {p: {"category": s["category"], "gain": s[long] / s[short]}
-            for p, s in modeled_speeds(results, [long, short]).items() if long in s and short in s}
+    values, category = modeled_speeds(results, [long, short]), categories_of(results)
+    return {p: {"category": category[p], "gain": values[long][p] / values[short][p]}
+            for p in values[long] if p in values[short]}
 
 
-def splice(speeds: dict[str, dict], hits: dict[str, float], cut: float, above: str, below: str,
-           fixed: list[str]) -> list[dict]:
+def splice(values: dict[str, dict[str, float]], categories: dict[str, str], hits: dict[str, float], cut: float,
+           above: str, below: str, fixed: list[str]) -> list[dict]:
     """What switching on the signal would have given, read off the run's records (nothing is decoded, and each
     method's records come from a run that did not switch, so it estimates a policy that reads the hit before its first
-    round; it is not one): on each prompt, `above`'s speed where its hit > `cut`, else `below`'s. Per category, then
-    "overall": the geometric mean over the prompts of the splice and of `below` alone, each as a ratio to the best of
-    the `fixed` methods there (by geometric mean). `speeds` as `modeled_speeds`; raises when a prompt lacks a method
-    or a hit."""
-    for p, speed in speeds.items():
-        missing = [m for m in [*fixed, above, below] if m not in speed] + (["its hit"] if p not in hits else [])
+    round; it is not one): on each prompt of `categories`, `above`'s speed where its hit > `cut`, else `below`'s. Per
+    category, then "overall": the geometric mean over the prompts of the splice and of `below` alone, each as a ratio
+    to the best of the `fixed` methods there (`resolution.best_fixed`). `values` as `modeled_speeds`; raises when a
+    prompt lacks a method or a hit."""
+    for p in categories:
+        missing = [m for m in [*fixed, above, below] if p not in values.get(m, {})]
+        missing += ["its hit"] if p not in hits else []
         if missing:
             raise ValueError(f"prompt {p} has no {', '.join(missing)}. Fix: pass runs in which every prompt ran every "
                              "method, and measure the hit of each.")
-    spliced = {p: speed[above] if hits[p] > cut else speed[below] for p, speed in speeds.items()}
+    spliced = {p: values[above][p] if hits[p] > cut else values[below][p] for p in categories}
     rows = []
-    for label in sorted({s["category"] for s in speeds.values()}) + ["overall"]:
-        chosen = [p for p, speed in speeds.items() if label in ("overall", speed["category"])]
-        mean = {m: metrics.geometric_mean([speeds[p][m] for p in chosen]) for m in [*fixed, below]}
-        mean["splice"] = metrics.geometric_mean([spliced[p] for p in chosen])
-        best = max(fixed, key=mean.get)
+    for label in sorted(set(categories.values())) + ["overall"]:
+        chosen = [p for p, category in categories.items() if label in ("overall", category)]
+        best = resolution.best_fixed(values, fixed, chosen)
+        reference = metrics.geometric_mean([values[best][p] for p in chosen])
         rows.append({"category": label, "prompts": len(chosen), "best_fixed": best,
-                     "below": mean[below] / mean[best], "splice": mean["splice"] / mean[best]})
+                     "below": metrics.geometric_mean([values[below][p] for p in chosen]) / reference,
+                     "splice": metrics.geometric_mean([spliced[p] for p in chosen]) / reference})
     return rows
 
 
@@ -168,10 +170,13 @@ def cut_section(runs: dict[str, dict], rows: list[dict], cut: float, above: str,
                             [[name, str(len(side)), str(sum(r["gain"] > 1 for r in side))] for name, side in sides])
     hits = {r["prompt_id"]: r["hit"] for r in chosen}
     for run_name, results in runs.items():
-        fixed = sorted({r["method"] for r in results["records"] if "/constant:" in r["method"]})
-        speeds = {p: s for p, s in modeled_speeds(results, [*fixed, above, below]).items() if p in hits}
+        values = modeled_speeds(results, [above, below])  # first: names a method the run lacks
+        rule = next(m["rule"] for m in results["methods"] if m["name"] == below)
+        fixed = [m["name"] for m in results["methods"] if m.get("draft_length") == "constant" and m["rule"] == rule]
+        values.update(modeled_speeds(results, fixed))
+        categories = {p: c for p, c in categories_of(results).items() if p in hits}
         table = [[r["category"], str(r["prompts"]), f"`{r['best_fixed']}`", f"{r['below']:.2f}", f"{r['splice']:.2f}"]
-                 for r in splice(speeds, hits, cut, above, below, fixed)]
+                 for r in splice(values, categories, hits, cut, above, below, fixed)]
         lines += ["", f"`{run_name}`: modeled tokens/s (the run's cost model) as a ratio to the best fixed length; "
                   f"*splice*: `{above}` on the prompts above the cut, `{below}` on the others.", ""]
         lines += markdown.table(["category", "prompts", "best fixed", f"`{below}`", "splice"], table)

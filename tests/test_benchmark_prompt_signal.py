@@ -81,10 +81,11 @@ TAPOUT = "semspec:fly/tapout"
 
 
 def test_splice_takes_the_long_length_above_the_cut_and_the_policy_below():
-    speeds = {"p": {"category": "math", LONG: 4.0, SHORT: 2.0, TAPOUT: 3.0},  # hit above the cut: 4
-              "q": {"category": "math", LONG: 1.5, SHORT: 2.0, TAPOUT: 2.0},  # below: 2
-              "r": {"category": "qa", LONG: 1.0, SHORT: 3.0, TAPOUT: 2.0}}  # above, where the long length loses: 1
-    rows = prompt_signal.splice(speeds, {"p": 0.6, "q": 0.2, "r": 0.5}, 0.4, LONG, TAPOUT, [SHORT, LONG])
+    # p: hit above the cut, takes 4; q: below, 2; r: above, where the long length loses, 1.
+    values = {LONG: {"p": 4.0, "q": 1.5, "r": 1.0}, SHORT: {"p": 2.0, "q": 2.0, "r": 3.0},
+              TAPOUT: {"p": 3.0, "q": 2.0, "r": 2.0}}
+    categories = {"p": "math", "q": "math", "r": "qa"}
+    rows = prompt_signal.splice(values, categories, {"p": 0.6, "q": 0.2, "r": 0.5}, 0.4, LONG, TAPOUT, [SHORT, LONG])
     # math: the best fixed length is LONG (√6 against √4); qa: SHORT; overall: SHORT (∛12 against ∛6).
     assert rows == [
         {"category": "math", "prompts": 2, "best_fixed": LONG, "below": pytest.approx(1.0),
@@ -99,7 +100,9 @@ def test_splice_takes_the_long_length_above_the_cut_and_the_policy_below():
 def test_cut_section_counts_each_side_and_splices_the_run():
     records = [_record("p", LONG, 8, 112), _record("p", SHORT, 20, 60), _record("p", TAPOUT, 12, 40),
                _record("q", LONG, 30, 160), _record("q", SHORT, 20, 60), _record("q", TAPOUT, 20, 50)]
-    runs = {"a.json": _results(records)}
+    methods = [{"name": name, "rule": "fly", "draft_length": name.split("/")[1].split(":")[0]}
+               for name in (LONG, SHORT, TAPOUT)]
+    runs = {"a.json": {**_results(records), "methods": methods}}
     gain = prompt_signal.gains(runs["a.json"], LONG, SHORT)
     rows = [{"prompt_id": p, "run": "a.json", "hit": hit, **gain[p]} for p, hit in [("p", 0.6), ("q", 0.2)]]
     lines = prompt_signal.cut_section(runs, rows, 0.4, LONG, TAPOUT)
@@ -112,6 +115,6 @@ def test_cut_section_counts_each_side_and_splices_the_run():
 
 
 def test_splice_of_a_prompt_without_a_method_names_both():
-    speeds = {"p": {"category": "math", LONG: 4.0, SHORT: 2.0}}
+    values = {LONG: {"p": 4.0}, SHORT: {"p": 2.0}}
     with pytest.raises(ValueError, match="prompt p has no semspec:fly/tapout"):
-        prompt_signal.splice(speeds, {"p": 0.6}, 0.4, LONG, TAPOUT, [SHORT, LONG])
+        prompt_signal.splice(values, {"p": "math"}, {"p": 0.6}, 0.4, LONG, TAPOUT, [SHORT, LONG])

@@ -94,8 +94,12 @@ on the category's other prompts in 8 of 10; short in reasoning, 0.95 ± 0.05, an
 on the 2 new ones). Which prompts gain from long rounds can be told in part before the first one: the share of the
 user message's tokens that the draft predicts, teacher-forced on the prompt, ranks prompts by γ = 16's speed over
 γ = 3's with Spearman's ρ = 0.58 on the first 30 prompts and 0.57 on the 20 new ones (`fly-prompt-signal.md`). It is
-not used: of the 20 new prompts, 5 of the 10 above their median hit rate gained from γ = 16 and 2 of the 10 below,
-and no cut or mapping to a length is known that is not fitted to this pair's prompts.
+not used: of the 20 new prompts, 5 of the 10 above their median hit rate gained from γ = 16 and 2 of the 10 below.
+A cut fixed beforehand (the median of those 54 prompts), tested on 16 more (`fly-prompt-signal-6th-7th.md`), split
+them as well (5 of 9 above, 1 of 7 below), but γ = 16 above it and `tapout` below would have made 1.10 of the best
+fixed length against `tapout`'s 1.14: what it wins in math it loses in stem, coding and writing. Pooled over 7
+prompts a category (`draft-length-fly-7-per-category.md`, 66 prompts), `tapout` is 1.10 ± 0.01 and within 3% in 8
+of 10 categories, short in math (0.96 ± 0.06) and math_reasoning (0.88 ± 0.06).
 Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit (a trial
 patch, not kept) that keeps separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 /
 1.11 (arms `cost_aware` with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00

@@ -5,7 +5,7 @@
 
 Why: with `fly` the best fixed length is 3 on prose and 12–16 on math, code and math_reasoning
 (`draft-length-fly-9-math-reasoning.md`), and `tapout` learns one behaviour across prompts, so it falls short where
-long rounds win (tapout.py). A policy could only tell those prompts apart from something it sees before or while
+long rounds win (`draft-length-findings.md`). A policy could only tell those prompts apart from something it sees before or while
 decoding. This measures one such thing, read off the prompt before the first round: teacher-forced on the prompt's
 user message (the chat template's fixed head and tail left out, `user_span`),
 

@@ -49,34 +49,11 @@ in code than in prose on the reference pair. δ_r = 0.8 (about 5 rounds) lets th
 lengths have been timed, t̂(k) = 1 + 0.1·k (in units of t_0); `cost_ratio=` fixes t̂(k) = 1 + ρ·k instead (e.g. from a
 profile) and skips the timing. Before any round R̃ = 1 / t̂(0) (plain decoding's one token per target forward).
 
-Why not a shorter memory (measured, ours). A memory of about one 64-token prompt's tested drafts would let the
-calibration follow the prompt rather than the last few. Replayed on the `exact` traces with each round priced by its
-length (`benchmarks/results/replay-exact-3x128-calibration.md` and `-held-out-calibration.md`, 30 / 29 prompts ×
-128 tokens, ratio to the best fixed length): δ_c = 0.995 gives 1.09 / 1.11, 0.99 1.10 / 1.12, 0.98 1.11 / 1.12 and
-0.95 1.09 / 1.11; at 0.98 math_reasoning goes from 1.07 / 1.05 to 1.13 / 1.09 and translation on the held-out set
-from 1.01 to 1.04. A point or two, within what other prompts move. On a stationary stream the shorter memory costs
-about as much: on the geometric streams of `test_drafts_the_best_fixed_length_on_a_geometric_stream`, 0.98 reaches
-0.990 (α = 0.6, ρ = 0.2) and 0.988 (α = 0.9, ρ = 0.05) of the best fixed length's throughput, where 0.995 stays above
-the test's 0.99, since a p̂ from about 50 drafts moves by ±0.07. Live with `fly` on 30 prompts (3 per category, one
-run, `benchmarks/results/draft-length-fly-calibration-merged.md`, modeled time, ratio to the best fixed length of
-the sweep): 1.11 at 0.98 against 1.09 at 0.995, within 3% in 9 against 7 of 10 categories; measured, 1.081× against
-1.051× the tokens/s of γ = 3 in the same run. The one miss at 0.98 is math_reasoning, 0.95 ± 0.04 (0.96 at 0.995):
-a per-prompt memory does not make those rounds long. `tapout` over it (`arms=[{"name": "cost_aware",
-"calibration_discount": 0.98}, "svip"]`, one run on the same prompts, `draft-length-fly-tapout-calibration-merged.md`):
-1.12 modeled (8 of 10; math_reasoning 0.96 ± 0.05), 1.117× γ = 3 measured in the same run, against 1.08–1.09 and
-1.035–1.065× for `tapout`'s default arms in earlier runs. It did not repeat. With both `tapout`s in one run
-(`draft-length-fly-tapout-calibration-held-out-merged.md`, 20 of those prompts; `…-math-reasoning-merged.md`, 6 more
-math_reasoning prompts; `draft-length-exact-tapout-calibration-merged.md`, `exact`, 10 prompts), over the default
-arms: measured tokens/s over γ = 3 1.063× against 1.061× (the first run had measured 1.135× on the same 20 prompts),
-1.079× against 1.233× and, with `exact`, 1.049× against 1.032×; modeled 1.09 against 1.12, 0.89 against 0.99 and
-1.02 against 1.01 of the best fixed length. So δ_c stays 0.995 and `tapout`'s arms keep it; pass
-`calibration_discount=0.98` for text that changes from prompt to prompt. Nor did a calibration by context help (a
-trial patch, not kept): separate tables after a round that accepted every draft and after one that did not, replayed
-on the `exact` traces priced by length, gave 1.08 / 1.12 against 1.09 / 1.11 (1.10 / 1.10 against 1.11 / 1.12 at δ_c =
-0.98), each table learning from half the drafts. Nor one by draft position (a trial patch, not kept): tables for
-positions 1, 2–3, 4–7, 8–15 and 16+, each shrunk toward its bin's pooled p̂ with a weight of 2, 5 or 20 drafts, and
-p̄ by position, so that a round that has survived prices its next drafts higher; the same replays gave 1.07–1.08 /
-1.09–1.10 against 1.09 / 1.11.
+Why δ_c = 0.995, not a memory of about one prompt (measured; `benchmarks/draft-length-findings.md`): 0.98 gained a
+point or two replayed and in one live `fly` run (1.11 against 1.09 of the best fixed length), but under `tapout` on 20
+held-out prompts it made 1.09 against the default's 1.12, and on a stationary stream it costs about a point. Pass
+`calibration_discount=0.98` for text that changes from prompt to prompt. Calibrations by context and by draft position
+(trial patches, not kept) did no better replayed.
 
 Exploration (ours). The slope t_1 is only learned from rounds of different lengths, and a wrong slope can stop every
 round at the same length, which then never corrects it. Live on the reference pair with `fly`, the first timed rounds
@@ -122,18 +99,10 @@ prompts × 64 tokens) it is small, 13 of 80 first mismatches kept (0.16), from 1
 on the coding one. Each decision then costs about 41 µs instead of 3 µs (E_m for every m up to the cap), against the
 230 µs of the entropy over the 152k-token vocabulary and a 110 ms draft step.
 
-Why it is off by default. Live with `tapout` over it (φ_0 = 0.5, 30 prompts × 64 tokens, modeled time, ratio to the
-best fixed length; `benchmarks/results/draft-length-fly-window-3-per-category.md`): 1.07 overall against 1.08
-without it, within 3% in 6 of 10 categories against 7; measured, 1.060× γ = 3's tokens/s in the same runs against
-1.061× (`benchmarks/results/fly-measured-over-anchor.md`). It gained where `fly`'s flips pay (reasoning 0.97 → 1.07,
-coding 0.95 → 1.00, math 0.97 → 1.00) and lost where γ = 3 wins (roleplay 1.10 → 0.96, translation 1.13 → 0.97, stem
-0.99 → 0.91): rounds of 7 or more drafts went from 7% to 18%, in every category
-alike (13–17% on writing, roleplay, stem and qa). φ is one number: the benchmark's policy instance learns it across
-its prompts, which alternate categories, its memory (δ_c) spans a few prompts, and where flips stop coming it drifts
-back toward the prior 0.5; so it does not follow the category, as tapout's bandit does not (see tapout.py).
-`cost_aware(flip_prior=0.5)` alone on the same prompts (`draft-length-fly-window-cost-aware-3-per-category.md`):
-1.07 (7 of 10), short in math 0.93, roleplay 0.95 and stem 0.90 instead; measured 1.077× γ = 3; 32% of its rounds
-drafted 7 or more.
+Why it is off by default (measured; `benchmarks/draft-length-findings.md`). Under `tapout` (φ_0 = 0.5, 30 prompts × 64
+tokens, ratio to the best fixed length) it gained where `fly`'s flips pay (reasoning 0.97 → 1.07, coding 0.95 → 1.00,
+math 0.97 → 1.00) and lost as much where γ = 3 wins (roleplay 1.10 → 0.96, translation 1.13 → 0.97): 1.07 overall
+against 1.08. φ is one number, learned across prompts of every category, so it cannot follow the category.
 
 Worked example with a window (`flip_prior=0.5`, W = 2, φ = 0.5, cap 4, ρ = 0.2, R̃ = 2, p̄ = 0.9): drafts with
 p̂ = 0.99, 0.3, 0.95.

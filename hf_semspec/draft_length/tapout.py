@@ -53,97 +53,24 @@ default); the per-token arms keep their own caps (40 for adaedl and svip, 24 for
 `generate()` call also pays the prompt's prefill (`RoundOutcome.includes_prefill`), so with the time-based reward it
 updates the arm but not the bandit.
 
-Why the default arms are `cost_aware` and `svip` (ours). Like the paper's, they are stopping rules that read the draft's
-confidence, one of the paper's (SVIP) and this package's `cost_aware`, the strongest single policy measured here. The
-bandit cannot tell arms a few percent apart within one benchmark (below), so every weak arm costs rounds: replayed on
-`exact` greedy traces of the reference pair (ratio to the best fixed length, mean over 5 prompt orders, 30 tuning
-prompts / 29 held-out prompts × 128 tokens), ["cost_aware", "svip"] 1.10 / 1.10, adding `adaedl` 1.07 / 1.08, the
-previous defaults ["adaedl", "svip", "heuristic"] 0.99 / 1.01, and `cost_aware` alone 1.11 / 1.12. Live with these
-arms (`benchmarks/results/draft-length-final.md`, modeled time, 10 prompts × 64 tokens): 0.99 with `exact` and 1.04
-with `fly`, `heuristic` 0.96 and 0.97. Pass `arms=["adaedl", "svip", "heuristic"]` for the previous behaviour.
-
-With `fly` these arms rarely let the rule loosen anything: `fly` flips a mismatch only when its W (default 6) drafts
-after it are in the same round, so a round shorter than W + 1 = 7 verifies exactly, and stopping rules end rounds at
-the uncertain drafts that `fly` would flip. Live on 3 prompts per category
-(`benchmarks/results/draft-length-fly-3-per-category.md`, 30 prompts × 64 tokens, modeled time): 7% of `tapout`'s
-rounds drafted 7 or more, 28 of its 30 outputs equal plain decoding's; 1.08 of the best fixed length overall
-(`heuristic` 0.96), within 3% in 7 of 10 categories, short in coding (0.95) and math_reasoning (0.93), where γ = 8
-is best, and in reasoning (0.969, best γ = 3). What γ = 8 gains there is mostly predictable text, not flips: with
-`fly` at γ = 8 on the same 30 prompts (`benchmarks/results/fly-window-flips-gamma8-3-per-category.md`), 67% of
-math_reasoning's rounds and 69% of coding's accepted all 8 drafts (30% over all prompts), and the window added 9%
-and 22% of their accepted drafts (15% overall). A third arm `constant` (γ = 15 with `fly`) did not help on
-the same prompts: modeled 0.98 (4 of 10), measured 1.00× γ = 3 in the same runs against 1.06×; it gained in code
-and math and lost where γ = 3 wins, since the bandit learns one arm for every prompt. Nor did `cost_aware` pricing
-`fly`'s window (`flip_prior=0.5`, see cost_aware.py): 1.07 (6 of 10), measured 1.060× γ = 3 in the same runs against
-1.061×, with the same gains and losses. How far those per-category figures can be read
-(`benchmarks/resolution.py`): with three prompts a category, a fixed length tuned on the category's other prompts
-is within 3% of the best in only 4 of 10 categories, while `tapout` is within 3% of that tuned length in all 10.
-math_reasoning's shortfall is not that noise: with 6 more of its prompts
-(`benchmarks/results/draft-length-fly-9-math-reasoning.md`, 9 prompts, the current default arms and round time), γ = 16
-is best, the length tuned on the other prompts is that same γ = 16, and `tapout` makes 0.94 ± 0.04 of it (0.90 priced
-by length; `heuristic` 0.92 ± 0.05), although the 6 ran in a run of their own, where the bandit learned on
-math_reasoning alone: its arms stop rounds at the unsure drafts that long rounds of predictable text carry through.
-The same 6 prompts in a later run (`draft-length-fly-tapout-calibration-math-reasoning-merged.md`) gave 0.99 ± 0.07
-where the first gave 0.96 ± 0.06: a category's figure moves between runs of the same code, since the reward reads
-measured times. On the 20 held-out prompts, two runs of these defaults (`draft-length-fly-round-time-held-out-merged.md`
-and `draft-length-fly-tapout-calibration-held-out-merged.md`, modeled time, same costs) gave 1.11 and 1.12 overall and
-categories apart by 0.04 on average, up to 0.13 (translation 1.10 and 1.23, math_reasoning 0.90 and 0.82).
-With each category's 4th and 5th prompts added (`draft-length-fly-5-per-category.md`, 50 prompts, 5 a category),
-`tapout` is 1.08 ± 0.02 of the best fixed length and within 3% of it in 8 of 10 categories, and of the length tuned
-on the category's other prompts in 8 of 10; short in reasoning, 0.95 ± 0.05, and math_reasoning, 0.88 ± 0.06 (0.83
-on the 2 new ones). Which prompts gain from long rounds can be told in part before the first one: the share of the
-user message's tokens that the draft predicts, teacher-forced on the prompt, ranks prompts by γ = 16's speed over
-γ = 3's with Spearman's ρ = 0.58 on the first 30 prompts and 0.57 on the 20 new ones (`fly-prompt-signal.md`). It is
-not used: of the 20 new prompts, 5 of the 10 above their median hit rate gained from γ = 16 and 2 of the 10 below.
-A cut fixed beforehand (the median of those 54 prompts), tested on 16 more (`fly-prompt-signal-6th-7th.md`), split
-them as well (5 of 9 above, 1 of 7 below), but γ = 16 above it and `tapout` below would have made 1.10 of the best
-fixed length against `tapout`'s 1.14: what it wins in math it loses in stem, coding and writing. Pooled over 7
-prompts a category (`draft-length-fly-7-per-category.md`, 66 prompts), `tapout` is 1.10 ± 0.01 and within 3% in 8
-of 10 categories, short in math (0.96 ± 0.06) and math_reasoning (0.88 ± 0.06).
-Two other ideas did not help, replayed on the `exact` traces priced by length (30 / 29 prompts): a bandit (a trial
-patch, not kept) that keeps separate statistics after a round that accepted every draft, 1.09 / 1.08 against 1.11 /
-1.11 (arms `cost_aware` with `calibration_discount=0.98` and `svip`), and with a third arm `constant:12` 1.00 / 1.00
-against 1.06 / 1.04; and an arm `cost_aware` with a memory of about one prompt (`calibration_discount=0.98`), which
-gained in one live run and not in its repeat (see cost_aware.py).
-
-Why a fitted time (ours). One round's wall time is a noisy reward: on the reference CPU the same round timed twice
-differed by up to a third. A round's time is the models' and the machine's, nearly a line in k; what the arm changes
-is k and the accepted tokens. So "tokens_per_fitted_second" rewards the tokens and prices k by the line. Replaying the
-benchmark's `exact` rounds with each round's time scattered by a factor exp(σ·z) (`benchmarks/replay.py
---round-time-noise`, 10 seeds, ratio to the best fixed length; 30 prompts × 128 tokens, σ = 0.05 / 0.15 / 0.3; the
-arms then were adaedl, svip and heuristic):
-UCB1 with the measured time 1.002 / 1.008 / 0.995, with the fitted time 1.010 / 1.015 / 1.006; UCB-Tuned with the
-fitted time 1.032 / 1.030 / 1.022. The fitted time gains 1 point there (up to 3 on 10 prompts × 64 tokens), not more,
-because most of the noise is in the tokens: a round's n + 1 varies by 0.4 to 0.7 of its mean (γ = 3 to 8 on those
-prompts), so telling two arms 5% apart at two standard deviations takes 300 to 900 rounds of each, about as many
-rounds as that whole benchmark makes.
-
-Why per length (ours). A verify forward's time is not linear in its tokens on a CPU: on the reference one the 1.5B
-target's forward over k + 1 tokens took 0.52 s at k = 0, 0.68 s at k = 1, 0.97 s at k = 2 and 0.69 s at k = 3, then
-about 0.018 s more per token (`benchmarks/results/verify-cost-160.md`, 160 cached tokens; the same shape at 51), so
-a line prices a round of 2 drafts about a quarter below its cost, and an arm whose rounds often stop there (svip)
-looks better than it is. `cost_aware` already prices rounds this way. Replaying the `exact` traces with each round
-costing its measured v(k) + 0.117 s·k (`benchmarks/results/replay-exact-3x128-by-length.md` and `-held-out-by-
-length.md`, ratio to the best fixed length, 30 / 29 prompts × 128 tokens): `round_time="line"` 1.07 / 1.07, within
-3% in 8 / 8 of 10 categories; `"per_length"` 1.08 / 1.10, 9 / 10 of 10 (`cost_aware` alone 1.09 / 1.11). With each
-round's time scattered by exp(0.15·z) (10 seeds, `-by-length-noise.md`): 2.93 → 2.97 and 3.02 → 3.01 tokens/s, so at
-most a point or two once the timing noise is in. Where round time is linear in k the two coincide: replayed under
-the line of `draft-length-bandits.json`, both give 1.09 / 1.10. Live with `exact`
-(`benchmarks/results/draft-length-round-time.md`, quick profile, 10 prompts × 64 tokens, both in one run): measured
-tokens/s 1.060× γ = 3's with "per_length" and 0.989× with "line" (`exact-round-time-over-anchor.md`); merged into
-the fixed-length sweep (`draft-length-round-time-merged.md`), modeled 1.05 against 1.02 of the best fixed length,
-within 3% in 7 against 5 of 10 categories, and priced by length 1.03 against 1.01 (7 against 4). With `fly` it is a
-tie (`draft-length-fly-round-time-3-per-category.md`, 30 prompts × 64 tokens, two runs with both variants): measured
-over γ = 3 in the same runs 1.055× ("per_length") against 1.057× ("line") (`fly-round-time-over-anchor.md`), modeled
-1.09 against 1.09 of the best fixed length (within 3% in 8 against 9 of 10 categories), priced by length 1.04
-against 1.03 (6 against 6). The live figures in this docstring before this paragraph were measured with the line.
-
-Why these defaults (ours): UCB-Tuned with "tokens_per_fitted_second". Against UCB1 with "tokens_per_second" (the
-paper's main variant, and this package's defaults before these measurements), in points of the ratio to the best
-fixed length: replayed, +3.0 / +2.2 / +2.7 (above) and +2.2 / +1.3 / +3.4 on 10 prompts × 64 tokens (σ = 0.01 /
-0.05 / 0.15); live (`benchmarks/results/draft-length-merged.md`, modeled time, 10 prompts × 64 tokens) +4 with
-`exact` (0.92 → 0.96) and +5 with `fly` (1.00 → 1.05). Small gains, of the same sign in all eight comparisons; pass
-`bandit="ucb1", reward="tokens_per_second"` for the previous behaviour.
+Defaults (ours, measured; every figure, and the ideas that did not help, in `benchmarks/draft-length-findings.md`):
+- Arms `cost_aware` and `svip`: like the paper's, stopping rules that read the draft's confidence, one of the paper's
+  (SVIP) and this package's strongest single policy. The bandit cannot tell arms a few percent apart within one
+  benchmark, so every weak arm costs rounds: replayed on the reference pair's `exact` traces (30 / 29 prompts × 128
+  tokens) these two make 1.10 / 1.10 of the best fixed length, adding `adaedl` 1.07 / 1.08, the previous defaults
+  ["adaedl", "svip", "heuristic"] 0.99 / 1.01 (pass `arms=` those for the previous behaviour).
+- UCB-Tuned over "tokens_per_fitted_second": one round's wall time is a noisy reward (the same round timed twice
+  differed by up to a third on the reference CPU), while what an arm changes is k and the accepted tokens; so the
+  reward prices k by the timed rounds. Against UCB1 over the measured time (the paper's main variant) it gained 1 to
+  5 points of the ratio to the best fixed length, in all eight comparisons, replayed and live.
+- `round_time="per_length"`: a CPU's verify forward is not linear in its tokens (on the reference one, 0.52 s at
+  k = 0, 0.97 s at k = 2, 0.69 s at k = 3), so a line misprices short rounds; per length gained up to 3 points with
+  `exact` and tied with `fly`.
+- With `fly` these arms mostly end rounds before `fly`'s window (W + 1 = 7 drafts) can keep a mismatch. Pooled over
+  66 prompts × 64 tokens (7 a category, `draft-length-fly-7-per-category.md`), `tapout` makes 1.10 ± 0.01 of the best
+  fixed length, within 3% of it in 8 of 10 categories, short in math (0.96 ± 0.06) and math_reasoning (0.88 ± 0.06),
+  where γ = 16 is best. A long fixed arm, `cost_aware` pricing the window, a shorter calibration memory and switching
+  on a prompt signal each gained there and lost as much elsewhere.
 
 State: `draft_length="tapout"` keeps its instance for the next call with the same models, rule and options (the
 bandit's statistics and the arms' state go on; `hf_semspec.forget_draft_length_state()` starts afresh), because one

@@ -5,9 +5,9 @@
 
 Why: with `fly` the best fixed length is 3 on prose and 12–16 on math, code and math_reasoning
 (`draft-length-fly-9-math-reasoning.md`), and `tapout` learns one behaviour across prompts, so it falls short where
-long rounds win (`draft-length-findings.md`). A policy could only tell those prompts apart from something it sees before or while
-decoding. This measures one such thing, read off the prompt before the first round: teacher-forced on the prompt's
-user message (the chat template's fixed head and tail left out, `user_span`),
+long rounds win (`draft-length-findings.md`). A policy could only tell those prompts apart from something it sees
+before or while decoding. This measures one such thing, read off the prompt before the first round: teacher-forced
+on the prompt's user message (the chat template's fixed head and tail left out, `user_span`),
 
     hit   = share of the message's tokens that the draft's greedy prediction gets right
     agree = share of its positions where the draft's and the target's greedy predictions are the same token

@@ -62,16 +62,18 @@ Defaults (ours, measured; every figure, and the ideas that did not help, in `ben
 - UCB-Tuned over "tokens_per_fitted_second": one round's wall time is a noisy reward (the same round timed twice
   differed by up to a third on the reference CPU), while what an arm changes is k and the accepted tokens; so the
   reward prices k by the timed rounds. Against UCB1 over the measured time (the paper's main variant) it gained 1 to
-  5 points of the ratio to the best fixed length, in all eight comparisons, replayed and live.
+  5 points of the ratio to the best fixed length, in all eight comparisons, replayed and live (pass
+  `bandit="ucb1", reward="tokens_per_second"` for the previous behaviour).
 - `round_time="per_length"`: a CPU's verify forward is not linear in its tokens (on the reference one, 0.52 s at
   k = 0, 0.97 s at k = 2, 0.69 s at k = 3), so a line misprices short rounds; per length gained up to 3 points with
   `exact` and tied with `fly`.
 - With `fly` these arms mostly end rounds before `fly`'s window (W + 1 = 7 drafts) can keep a mismatch. Pooled over
   66 prompts × 64 tokens (7 a category, `draft-length-fly-7-per-category.md`), `tapout` makes 1.10 ± 0.01 of the best
   fixed length, within 3% of it in 8 of 10 categories, short in math (0.96 ± 0.06) and math_reasoning (0.88 ± 0.06),
-  where γ = 16 is best. A long fixed arm, `cost_aware` pricing the window, a shorter calibration memory and switching
-  on a prompt signal each gained there and lost as much elsewhere. Answers of 256 tokens did not close it (1.04 overall
-  and 0.90 of γ = 16 on math_reasoning's prompt, one prompt a category) unless the bandit learned on math alone.
+  where γ = 16 is best. A long fixed arm, `cost_aware` pricing the window and switching on a prompt signal each
+  gained there and lost as much elsewhere; a shorter calibration memory did not make those rounds longer. Answers of
+  256 tokens did not close it (1.04 overall and 0.90 of γ = 16 on math_reasoning's prompt, one prompt a category)
+  unless the bandit learned on math alone.
 
 State: `draft_length="tapout"` keeps its instance for the next call with the same models, rule and options (the
 bandit's statistics and the arms' state go on; `hf_semspec.forget_draft_length_state()` starts afresh), because one

@@ -71,9 +71,9 @@ Defaults (ours, measured; every figure, and the ideas that did not help, in `ben
   66 prompts × 64 tokens (7 a category, `draft-length-fly-7-per-category.md`), `tapout` makes 1.10 ± 0.01 of the best
   fixed length, within 3% of it in 8 of 10 categories, short in math (0.96 ± 0.06) and math_reasoning (0.88 ± 0.06),
   where γ = 16 is best. A long fixed arm, `cost_aware` pricing the window and switching on a prompt signal each
-  gained there and lost as much elsewhere; a shorter calibration memory did not make those rounds longer. Answers of
-  256 tokens did not close it (1.04 overall and 0.90 of γ = 16 on math_reasoning's prompt, one prompt a category)
-  unless the bandit learned on math alone.
+  gained there and lost as much or more elsewhere; a shorter calibration memory did not make those rounds longer.
+  Answers of 256 tokens did not close it (1.04 overall and 0.90 of γ = 16 on math_reasoning's prompt, one prompt a
+  category) unless the bandit learned on math alone.
 
 State: `draft_length="tapout"` keeps its instance for the next call with the same models, rule and options (the
 bandit's statistics and the arms' state go on; `hf_semspec.forget_draft_length_state()` starts afresh), because one

@@ -42,6 +42,7 @@ from . import data, markdown, metrics, resolution  # noqa: E402
 from .models import load_pair  # noqa: E402
 
 RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
+MISSING_METHOD_FIX = "pass a fixed-length sweep and name its methods with --long, --short, --above and --below."
 
 
 def user_span(ids: list[int], empty_ids: list[int]) -> tuple[int, int]:
@@ -97,30 +98,11 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return covariance / spread if spread > 0 else math.nan
 
 
-def modeled_speeds(results: dict, methods: list[str]) -> dict[str, dict[str, float]]:
-    """method → prompt → modeled tokens/s at the run's cost model (`resolution.per_prompt_values`) for `methods`.
-    Raises when the run lacks one of them, or a cost model."""
-    present = sorted({r["method"] for r in results["records"]})
-    missing = [m for m in methods if m not in present]
-    if missing:
-        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {present}). Fix: pass a fixed-length "
-                         "sweep and name its methods with --long, --short, --above and --below.")
-    costs = metrics.run_cost_model(results)
-    if costs is None:
-        raise ValueError("the run has no cost model and its records do not determine one (metrics.fit_round_costs). "
-                         "Fix: pass a benchmarks/run.py results file with several hf_semspec methods per prompt.")
-    return resolution.per_prompt_values([r for r in results["records"] if r["method"] in methods], costs)
-
-
-def categories_of(results: dict) -> dict[str, str]:
-    """prompt id → its category."""
-    return {r["prompt_id"]: r["category"] for r in results["records"]}
-
-
 def gains(results: dict, long: str, short: str) -> dict[str, dict]:
     """prompt id → {"category", "gain"}: modeled tokens/s of `long` over `short` on that prompt, at the run's cost
     model. Raises when the run lacks either method."""
-    values, category = modeled_speeds(results, [long, short]), categories_of(results)
+    values = resolution.modeled_speeds(results, [long, short], MISSING_METHOD_FIX)
+    category = resolution.categories_of(results)
     return {p: {"category": category[p], "gain": values[long][p] / values[short][p]}
             for p in values[long] if p in values[short]}
 
@@ -131,8 +113,8 @@ def splice(values: dict[str, dict[str, float]], categories: dict[str, str], hits
     method's records come from a run that did not switch, so it estimates a policy that reads the hit before its first
     round; it is not one): on each prompt of `categories`, `above`'s speed where its hit > `cut`, else `below`'s. Per
     category, then "overall": the geometric mean over the prompts of the splice and of `below` alone, each as a ratio
-    to the best of the `fixed` methods there (`resolution.best_fixed`). `values` as `modeled_speeds`; raises when a
-    prompt lacks a method or a hit."""
+    to the best of the `fixed` methods there (`resolution.best_fixed`). `values` as `resolution.modeled_speeds`;
+    raises when a prompt lacks a method or a hit."""
     for p in categories:
         missing = [m for m in [*fixed, above, below] if p not in values.get(m, {})]
         missing += ["its hit"] if p not in hits else []
@@ -170,11 +152,12 @@ def cut_section(runs: dict[str, dict], rows: list[dict], cut: float, above: str,
                             [[name, str(len(side)), str(sum(r["gain"] > 1 for r in side))] for name, side in sides])
     hits = {r["prompt_id"]: r["hit"] for r in chosen}
     for run_name, results in runs.items():
-        values = modeled_speeds(results, [above, below])  # first: names a method the run lacks
+        # first: names a method the run lacks
+        values = resolution.modeled_speeds(results, [above, below], MISSING_METHOD_FIX)
         rule = next(m["rule"] for m in results["methods"] if m["name"] == below)
-        fixed = [m["name"] for m in results["methods"] if m.get("draft_length") == "constant" and m["rule"] == rule]
-        values.update(modeled_speeds(results, fixed))
-        categories = {p: c for p, c in categories_of(results).items() if p in hits}
+        fixed = resolution.fixed_lengths(results["methods"], rule)
+        values.update(resolution.modeled_speeds(results, fixed, MISSING_METHOD_FIX))
+        categories = {p: c for p, c in resolution.categories_of(results).items() if p in hits}
         table = [[r["category"], str(r["prompts"]), f"`{r['best_fixed']}`", f"{r['below']:.2f}", f"{r['splice']:.2f}"]
                  for r in splice(values, categories, hits, cut, above, below, fixed)]
         lines += ["", f"`{run_name}`: modeled tokens/s (the run's cost model) as a ratio to the best fixed length; "

@@ -305,7 +305,7 @@ def _policy_tables(described: list[dict], values: dict[str, dict[str, float | No
     lines = []
     for rule in dict.fromkeys(m["rule"] for m in described):
         mine = [m for m in described if m["rule"] == rule]
-        fixed = [m["name"] for m in mine if m["draft_length"] == "constant"]
+        fixed = resolution.fixed_lengths(mine, rule)
         policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
         if not fixed:
             continue

@@ -48,6 +48,30 @@ def per_prompt_values(records: list[dict], costs: dict) -> dict[str, dict[str, f
             grouped.items()}
 
 
+def fixed_lengths(methods: list[dict], rule: str) -> list[str]:
+    """The names of `rule`'s `constant` draft-length methods (its fixed lengths), in the order of `methods`."""
+    return [m["name"] for m in methods if m.get("draft_length") == "constant" and m["rule"] == rule]
+
+
+def modeled_speeds(results: dict, methods: list[str], fix: str) -> dict[str, dict[str, float]]:
+    """`per_prompt_values` of a results dict's records of `methods`, at its run's cost model. Raises when the run
+    lacks one of them (the error ends with `fix`, the caller's), or a cost model."""
+    present = sorted({r["method"] for r in results["records"]})
+    missing = [m for m in methods if m not in present]
+    if missing:
+        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {present}). Fix: {fix}")
+    costs = metrics.run_cost_model(results)
+    if costs is None:
+        raise ValueError("the run has no cost model and its records do not determine one (metrics.fit_round_costs). "
+                         "Fix: pass a benchmarks/run.py results file with several hf_semspec methods per prompt.")
+    return per_prompt_values([r for r in results["records"] if r["method"] in methods], costs)
+
+
+def categories_of(results: dict) -> dict[str, str]:
+    """prompt id → its category, in the order of the records."""
+    return {r["prompt_id"]: r["category"] for r in results["records"]}
+
+
 def log_ratio(policy: dict[str, float], reference: dict[str, float], prompts: list[str]) -> tuple[float, float | None]:
     """(exp(mean x), sd(x) / sqrt(n)) of x_p = ln(policy_p / reference_p) over `prompts`; the error is None for one
     prompt."""
@@ -76,7 +100,7 @@ def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> li
     "best overall", "each prompt's best"} → ratio to the best, None where undefined) and `policies` (name →
     (ratio, standard error)). Prompts where a fixed length did not run are left out."""
     mine = [m for m in methods if m.get("draft_length") and m["rule"] == rule]
-    fixed = [m["name"] for m in mine if m["draft_length"] == "constant"]
+    fixed = fixed_lengths(mine, rule)
     policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
     if len(fixed) < 2:
         return []

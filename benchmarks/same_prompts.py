@@ -34,8 +34,7 @@ def _method(results: dict, name: str, path: Path) -> dict:
 
 def shared_fixed(runs: list[dict], rule: str) -> list[str]:
     """The `constant` methods of `rule` that every run measured, in the first run's order."""
-    fixed = [[m["name"] for m in r["methods"] if m.get("draft_length") == "constant" and m["rule"] == rule]
-             for r in runs]
+    fixed = [resolution.fixed_lengths(r["methods"], rule) for r in runs]
     return [name for name in fixed[0] if all(name in f for f in fixed[1:])]
 
 
@@ -51,7 +50,7 @@ def compare(runs: list[dict], paths: list[Path], policy: str) -> dict:
     if len(fixed) < 2:
         raise ValueError(f"the runs share {len(fixed)} fixed length(s) of rule {rule!r} ({fixed}); comparing a policy "
                          "with the best fixed length needs two or more (--draft-lengths constant:3,constant:16,...)")
-    category_of = {r["prompt_id"]: r["category"] for r in runs[0]["records"]}
+    category_of = resolution.categories_of(runs[0])
     measured = [{r["prompt_id"] for r in results["records"] if r["method"] == policy} for results in runs]
     prompts = [p for p in category_of if all(p in m for m in measured)]
     if not prompts:
@@ -63,14 +62,13 @@ def compare(runs: list[dict], paths: list[Path], policy: str) -> dict:
     groups = {p: [p] for p in prompts} | categories | {"overall": prompts}
     out = {"fixed": fixed, "prompts": prompts, "categories": categories, "runs": []}
     for results in runs:
-        costs = metrics.run_cost_model(results)
-        values = resolution.per_prompt_values(
-            [r for r in results["records"] if r["method"] in fixed + [policy] and r["prompt_id"] in prompts], costs)
+        values = resolution.modeled_speeds(results, fixed + [policy], "compare runs whose records include every method "
+                                            "they list.")
         rows = {}
         for label, group in groups.items():
             best = resolution.best_fixed(values, fixed, group)
             rows[label] = {"best": best, "ratio": resolution.log_ratio(values[policy], values[best], group)[0]}
-        out["runs"].append({"costs": costs, "rows": rows})
+        out["runs"].append({"costs": metrics.run_cost_model(results), "rows": rows})
     return out
 
 

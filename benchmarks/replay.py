@@ -213,6 +213,20 @@ def check_against(results_path: Path, records: list[dict], costs: dict, methods:
             for name, same in checked.items()}
 
 
+def round_counts_table(methods: list[dict], records: list[dict]) -> list[str]:
+    """Markdown rows of each method's τ (new tokens per target forward) and drafted tokens per round, pooled over its
+    records (every prompt, and every seed), the live report's "τ" and "γ (drafted/round)" columns."""
+    lines = ["| method | τ | drafted / round | target forwards | drafted tokens |", "| --- | --- | --- | --- | --- |"]
+    for m in methods:
+        mine = [r for r in records if r["method"] == m["name"]]
+        forwards = sum(r["target_forwards"] for r in mine)
+        drafted = sum(r["draft_forwards"] for r in mine)
+        tokens = sum(r["new_tokens"] for r in mine)
+        lines.append(f"| `{m['name'].split('/', 1)[1]}` | {tokens / forwards:.2f} | {drafted / forwards:.1f} | "
+                     f"{forwards} | {drafted} |")
+    return lines
+
+
 def render(results: dict) -> str:
     costs = results["costs"]
     if "verify_seconds" in costs:
@@ -257,6 +271,9 @@ def render(results: dict) -> str:
     lines += ["", "## Modeled tokens/s: best fixed length vs the policies", "",
               "In brackets, the ratio to the best `constant` length in the row.", ""]
     lines += report._policy_tables(results["methods"], values, " tok/s")
+    lines += ["", "## Rounds", "", "τ = new tokens per target forward, over all the prompts" +
+              (" and seeds" if len(seeds) > 1 else "") + "; drafted / round = drafted tokens per target forward.", ""]
+    lines += round_counts_table(results["methods"], results["records"])
     lines += resolution.section(results["methods"], results["records"], costs, heading="##")
     if len(seeds) > 1:
         fixed = {m["name"] for m in results["methods"] if m["draft_length"] == "constant"}

@@ -976,6 +976,18 @@ def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
     assert fixed == {"target_forwards": 1, "draft_forwards": 9, "new_tokens": 4, "rounds_by_length": {9: 1}}
 
 
+def test_replay_round_counts_pool_every_prompt_of_a_method():
+    methods_ = [{"name": "semspec:exact/constant:3"}, {"name": "semspec:exact/tapout"}]
+    records = [
+        {"method": "semspec:exact/constant:3", "target_forwards": 10, "draft_forwards": 30, "new_tokens": 32},
+        {"method": "semspec:exact/constant:3", "target_forwards": 6, "draft_forwards": 18, "new_tokens": 16},
+        {"method": "semspec:exact/tapout", "target_forwards": 8, "draft_forwards": 36, "new_tokens": 48},
+    ]
+    rows = replay.round_counts_table(methods_, records)[2:]
+    # τ pools the prompts (48 tokens / 16 forwards = 3.00), not the mean of their ratios (3.2 and 2.67 → 2.93).
+    assert rows == ["| `constant:3` | 3.00 | 3.0 | 16 | 48 |", "| `tapout` | 6.00 | 4.5 | 8 | 36 |"]
+
+
 def test_replay_held_out_selection_leaves_out_the_tuning_prompts():
     # Two categories of four prompts, texts of lengths 1-4: shortest 2 per category after the 2 it takes first is
     # the two longest of each, and none of the first selection's.
@@ -1069,6 +1081,7 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
     assert len(results["records"]) == 4 * 2
     markdown = (tmp_path / "out" / "first.md").read_text()
     assert "`best_constant`" in markdown and "0.500 s per target forward" in markdown
+    assert "| `best_constant` |" in markdown.split("## Rounds")[1]
     again = replay.main(argv + ["--name", "again", "--traces", str(tmp_path / "out" / "first.json")],
                         load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
     assert again["records"] == results["records"]

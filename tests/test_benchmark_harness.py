@@ -977,13 +977,13 @@ def test_replay_asks_a_per_token_policy_with_the_recorded_entropies():
 
 
 def test_replay_round_counts_pool_every_prompt_of_a_method():
-    methods_ = [{"name": "semspec:exact/constant:3"}, {"name": "semspec:exact/tapout"}]
+    described = [{"name": "semspec:exact/constant:3"}, {"name": "semspec:exact/tapout"}]
     records = [
         {"method": "semspec:exact/constant:3", "target_forwards": 10, "draft_forwards": 30, "new_tokens": 32},
         {"method": "semspec:exact/constant:3", "target_forwards": 6, "draft_forwards": 18, "new_tokens": 16},
         {"method": "semspec:exact/tapout", "target_forwards": 8, "draft_forwards": 36, "new_tokens": 48},
     ]
-    rows = replay.round_counts_table(methods_, records)[2:]
+    rows = replay.round_counts_table(described, records)[2:]
     # τ pools the prompts (48 tokens / 16 forwards = 3.00), not the mean of their ratios (3.2 and 2.67 → 2.93).
     assert rows == ["| `constant:3` | 3.00 | 3.0 | 16 | 48 |", "| `tapout` | 6.00 | 4.5 | 8 | 36 |"]
 

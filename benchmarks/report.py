@@ -306,7 +306,7 @@ def _policy_tables(described: list[dict], values: dict[str, dict[str, float | No
     for rule in dict.fromkeys(m["rule"] for m in described):
         mine = [m for m in described if m["rule"] == rule]
         fixed = resolution.fixed_lengths(mine, rule)
-        policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
+        policies = resolution.adaptive_policies(mine, rule)
         if not fixed:
             continue
         rows, within = [], {name: [] for name in policies}

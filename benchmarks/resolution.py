@@ -53,6 +53,12 @@ def fixed_lengths(methods: list[dict], rule: str) -> list[str]:
     return [m["name"] for m in methods if m.get("draft_length") == "constant" and m["rule"] == rule]
 
 
+def adaptive_policies(methods: list[dict], rule: str) -> list[str]:
+    """The names of `rule`'s other draft-length methods (the policies judged against its fixed lengths), in the order
+    of `methods`."""
+    return [m["name"] for m in methods if m.get("draft_length") and m["draft_length"] != "constant" and m["rule"] == rule]
+
+
 def modeled_speeds(results: dict, methods: list[str], fix: str) -> dict[str, dict[str, float]]:
     """`per_prompt_values` of a results dict's records of `methods`, at its run's cost model. Raises when the run
     lacks one of them (the error ends with `fix`, the caller's), or a cost model."""
@@ -101,7 +107,7 @@ def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> li
     (ratio, standard error)). Prompts where a fixed length did not run are left out."""
     mine = [m for m in methods if m.get("draft_length") and m["rule"] == rule]
     fixed = fixed_lengths(mine, rule)
-    policies = [m["name"] for m in mine if m["draft_length"] != "constant"]
+    policies = adaptive_policies(mine, rule)
     if len(fixed) < 2:
         return []
     values = per_prompt_values([r for r in records if r["method"] in fixed + policies], costs)

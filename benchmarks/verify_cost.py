@@ -39,8 +39,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 
 import torch  # noqa: E402
 
-from benchmarks import data, markdown, metrics  # noqa: E402
-from benchmarks import resolution  # noqa: E402
+from benchmarks import data, markdown, metrics, resolution  # noqa: E402
 from benchmarks.resolution import WITHIN  # noqa: E402
 
 RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
@@ -70,7 +69,7 @@ def reprice(results: dict, verify_seconds: dict[int, float], draft_step: float) 
     out = {}
     for rule in dict.fromkeys(m["rule"] for m in described):
         fixed = resolution.fixed_lengths(described, rule)
-        policies = [m["name"] for m in described if m["rule"] == rule and m["draft_length"] != "constant"]
+        policies = resolution.adaptive_policies(described, rule)
         labels = ["overall"] + list(dict.fromkeys(r["category"] for r in records))
         rows = []
         for label in labels:

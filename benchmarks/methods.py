@@ -8,7 +8,10 @@
 - `semspec:<rule>`: hf_semspec's loop with that acceptance rule, for every rule registered when the run starts;
   with `--draft-lengths`, one method per rule and draft-length policy: `semspec:<rule>/<policy>[:<n>]`, where `n`
   sets the policy's length (fixed length, initial length or cap). Each such method keeps one policy instance for
-  the whole run, so a learning policy (tapout, adaedl, heuristic) learns across prompts.
+  the whole run, so a learning policy (tapout, adaedl, heuristic) learns across prompts. With
+  `--policy-state category`, each policy that keeps state across calls (`keeps_state_across_calls`: tapout,
+  cost_aware, adaedl, best_constant) keeps one instance per Spec-Bench category instead, and its method is named
+  `semspec:<rule>/<policy>/per-category`: what a server that knew each request's kind could do (an oracle key).
 
 Both baselines call the *class* method `type(target).generate`, which bypasses the instance override installed by
 `hf_semspec.attach()`.
@@ -16,6 +19,7 @@ Both baselines call the *class* method `type(target).generate`, which bypasses t
 
 from __future__ import annotations
 
+import copy
 import gc
 import json
 import re
@@ -36,6 +40,9 @@ from .models import ModelPair
 PLAIN = "plain"
 STOCK = "stock_assisted"
 SEMSPEC_PREFIX = "semspec:"
+# Which prompts share a draft-length policy instance: all of the run's, or those of one category (`Method.policy_for`).
+POLICY_STATES = ("run", "category")
+PER_CATEGORY_SUFFIX = "/per-category"
 # Requirements the speculative loop itself satisfies for any draft model (it passes q and the target's hidden states).
 REQUIREMENTS_THE_LOOP_MEETS = {"requires_draft_probs", "requires_target_hidden_states"}
 
@@ -56,6 +63,17 @@ class Method:
     # One draft-length policy instance for the whole run, so policies that learn (tapout's bandit, adaedl's λ,
     # heuristic's length) keep learning across prompts, as they would serving a stream of requests.
     policy: DraftLengthPolicy | None = field(default=None, repr=False, compare=False)
+    policy_state: str = "run"  # "category": one instance per category, copies of `policy` as built
+    _category_policies: dict[str, DraftLengthPolicy] = field(default_factory=dict, repr=False, compare=False)
+
+    def policy_for(self, category: str | None) -> DraftLengthPolicy | None:
+        """The instance that decodes a prompt of `category`: `policy` itself, or with `policy_state="category"` the
+        category's own, built from `policy`'s config the first time the category comes (`policy` when None)."""
+        if self.policy_state == "run" or category is None:
+            return self.policy
+        if category not in self._category_policies:
+            self._category_policies[category] = type(self.policy)(copy.deepcopy(self.policy.config))
+        return self._category_policies[category]
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
@@ -64,6 +82,7 @@ class Method:
                 # Every option with its value in this run, defaults included: a later default change cannot
                 # make an old results file mean something else.
                 "draft_length_config": self.policy.config.to_dict() if self.policy is not None else None,
+                "policy_state": self.policy_state,
                 "draft": "pruned_draft" if self.uses_pruned_draft else "draft"}
 
 
@@ -153,6 +172,7 @@ def build_methods(
     draft_lengths: list[DraftLengthSpec] | None = None,
     pruned_draft: torch.nn.Module | None = None,
     include_stock: bool = True,
+    policy_state: str = "run",
 ) -> tuple[list[Method], dict[str, str]]:
     """The methods to run, in a fixed order, and `{rule: reason}` for the registered rules that are skipped.
 
@@ -160,7 +180,12 @@ def build_methods(
     `default_num_draft_tokens`; stock assisted uses the `exact` rule's default (standard speculative decoding).
     `draft_lengths` entries give one method per rule and entry instead of the default policy. A rule
     that cannot run with `draft` runs with `pruned_draft` when that one suits it (`rdk`), else it is skipped.
+    `policy_state="category"` gives each policy that keeps state across calls one instance per category (its name
+    ends in `/per-category`); the others, which learn nothing worth keeping, run and are named as with "run".
     """
+    if policy_state not in POLICY_STATES:
+        raise ValueError(f"--policy-state: got {policy_state!r}; expected one of {list(POLICY_STATES)}. Fix: pass "
+                         "'run' (one instance per method) or 'category' (one per category).")
     registered = hf_semspec.available_rules()
     names = registered if rules is None else rules
     unknown = [n for n in names if n not in registered] + [n for n in acceptance_kwargs if n not in names]
@@ -187,10 +212,12 @@ def build_methods(
             continue
         for spec in draft_lengths:
             policy = build_policy(spec.policy, spec.tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
-            methods.append(Method(f"{SEMSPEC_PREFIX}{name}/{spec.label}", "semspec", gamma=spec.tokens, rule=name,
-                                  rule_kwargs=kwargs, draft_length=spec.policy, draft_length_kwargs=dict(spec.options),
-                                  uses_pruned_draft=uses_pruned,
-                                  policy=policy))
+            state = policy_state if type(policy).keeps_state_across_calls else "run"
+            suffix = PER_CATEGORY_SUFFIX if state == "category" else ""
+            methods.append(Method(f"{SEMSPEC_PREFIX}{name}/{spec.label}{suffix}", "semspec", gamma=spec.tokens,
+                                  rule=name, rule_kwargs=kwargs, draft_length=spec.policy,
+                                  draft_length_kwargs=dict(spec.options), uses_pruned_draft=uses_pruned,
+                                  policy=policy, policy_state=state))
     return methods, skipped
 
 
@@ -213,8 +240,8 @@ def rotated(methods: list[Method], index: int) -> list[Method]:
 
 
 def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int, do_sample: bool,
-             stock_confidence_threshold: float | None = None):
-    """One `generate()` call of `method`; returns the `return_dict_in_generate` output."""
+             stock_confidence_threshold: float | None = None, category: str | None = None):
+    """One `generate()` call of `method` on a prompt of `category`; returns the `return_dict_in_generate` output."""
     target, draft = pair.target, pair.draft
     common = dict(max_new_tokens=max_new_tokens, do_sample=do_sample, return_dict_in_generate=True)
     if method.kind == "plain":
@@ -225,13 +252,14 @@ def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int,
         if stock_confidence_threshold is not None:
             draft.generation_config.assistant_confidence_threshold = stock_confidence_threshold
         return type(target).generate(target, **inputs, assistant_model=draft, **common)
+    policy = method.policy_for(category)
     return target.generate(
         **inputs,
         assistant_model=pair.pruned_draft if method.uses_pruned_draft else draft,
         acceptance=method.rule,
         acceptance_kwargs=method.rule_kwargs,
-        num_assistant_tokens=None if method.policy is not None else method.gamma,
-        draft_length=method.policy if method.policy is not None else method.draft_length,
+        num_assistant_tokens=None if policy is not None else method.gamma,
+        draft_length=policy if policy is not None else method.draft_length,
         **common,
     )
 
@@ -264,7 +292,7 @@ def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, met
     if seed is not None:
         torch.manual_seed(seed)
     start = time.perf_counter()
-    out = generate(method, pair, inputs, prompt.max_new_tokens, do_sample, stock_confidence_threshold)
+    out = generate(method, pair, inputs, prompt.max_new_tokens, do_sample, stock_confidence_threshold, prompt.category)
     wall = time.perf_counter() - start
     prompt_length = inputs["input_ids"].shape[1]
     ids = new_token_ids(out.sequences, prompt_length, eos_ids)

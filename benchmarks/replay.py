@@ -67,6 +67,7 @@ def accepted_runs(draft_predictions: list[int], tokens: list[int]) -> list[int]:
 
 # Per-token policies whose `keep_drafting` reads q only through its entropy H(q): a trace's entropies replay them.
 ENTROPY_POLICIES = frozenset({"adaedl", "cost_aware", "svip"})
+REPLAY_POLICY_STATES = ("run", "prompt", "category")  # which prompts share a policy instance (--policy-state)
 
 
 def replayable(policy: DraftLengthPolicy) -> bool:
@@ -242,6 +243,9 @@ def render(results: dict) -> str:
         "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
         ("- Each policy starts every prompt untrained (`--fresh-per-prompt`): a fresh policy for every prompt, as "
          "a call to `generate()` gets when nothing is kept across calls. " if results.get("fresh_per_prompt") else
+         "- Each policy keeps one instance per category (`--policy-state category`), going on across that "
+         "category's prompts: what a server that knew each request's kind could keep. "
+         if results.get("policy_state") == "category" else
          "- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. ")
         + f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
@@ -298,10 +302,13 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     parser.add_argument("--check", type=Path, default=None, help="a live run on the same prompts to compare F, D with")
     parser.add_argument("--round-time-noise", type=float, default=0.0, help="σ: the policies see each round's "
                         "modeled seconds times exp(σ·z), z ~ N(0, 1), as live rounds scatter (0 = none)")
-    parser.add_argument("--fresh-per-prompt", action="store_true",
-                        help="a new policy instance for every prompt, as each generate() call would get if nothing "
-                        "were kept across calls (default: one instance across the prompts, as generate() keeps a "
-                        "policy that learns)")
+    parser.add_argument("--policy-state", choices=REPLAY_POLICY_STATES, default="run",
+                        help="which prompts share a policy instance: 'run' (default) all, as generate() keeps a "
+                        "policy that learns; 'prompt' none, as each generate() call would get if nothing were kept "
+                        "across calls; 'category' those of one category, as a server that knew each request's kind "
+                        "could keep one per kind")
+    parser.add_argument("--fresh-per-prompt", dest="policy_state", action="store_const", const="prompt",
+                        help="the same as --policy-state prompt")
     parser.add_argument("--seed", type=int, default=0, help="seed of the round-time noise (one stream per policy)")
     parser.add_argument("--seeds", type=int, default=1, help="with --round-time-noise: replay every policy this many "
                         "times, from a fresh instance, with seeds seed, seed+1, ...; the table averages them")
@@ -361,16 +368,17 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                   f"{len(traces[-1]['tokens'])} tokens", flush=True)
         trace_seconds = time.perf_counter() - start
 
-    # 3. Replay every policy over the prompts, one instance each (one per prompt with --fresh-per-prompt).
+    # 3. Replay every policy over the prompts: one instance per key of --policy-state (the run, a prompt, a category).
     records = []
-    for name, spec, policy in built:
+    for name, spec, _ in built:
         for seed in range(args.seed, args.seed + args.seeds):
-            if seed != args.seed:  # every seed replays from an untrained policy
-                policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
+            instances = {}  # every seed replays from untrained policies
             rng = random.Random(seed)
             for trace in traces:
-                if args.fresh_per_prompt:  # as if generate() kept nothing across calls
-                    policy = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
+                key = {"run": None, "prompt": trace["prompt_id"], "category": trace["category"]}[args.policy_state]
+                if key not in instances:
+                    instances[key] = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
+                policy = instances[key]
                 counts = replay(policy, trace["runs"], trace["max_new_tokens"], costs, trace.get("entropies"),
                                 args.round_time_noise, rng)
                 records.append({"method": name, "prompt_id": trace["prompt_id"], "category": trace["category"],
@@ -378,7 +386,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     results = {
         "models": model_names, "selection": selection, "costs": costs, "trace_seconds": trace_seconds,
         "round_time_noise": args.round_time_noise, "seed": args.seed, "seeds": args.seeds,
-        "fresh_per_prompt": args.fresh_per_prompt,
+        "policy_state": args.policy_state, "fresh_per_prompt": args.policy_state == "prompt",
         "methods": [{"name": name, "rule": "exact", "draft_length": spec.policy,
                      "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens,
                      "draft_length_config": policy.config.to_dict()} for name, spec, policy in built],

@@ -112,6 +112,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "'constant:3,constant:8,heuristic,adaedl,tapout,tapout(bandit=ucb_tuned)'; one method per rule "
                         "and entry (default: "
                         f"the constant policy at each rule's γ). Registered: {','.join(POLICIES.names())}")
+    p.add_argument("--policy-state", choices=methods_lib.POLICY_STATES, default="run",
+                   help="which prompts share an instance of a draft-length policy that learns (tapout, cost_aware, "
+                        "adaedl, best_constant): 'run' (default) all, as generate() keeps one per models and options; "
+                        "'category' those of one Spec-Bench category (the method's name ends in /per-category), as a "
+                        "server that knew each request's kind could keep one per kind")
     p.add_argument("--pruned-drafter", type=Path, default=None,
                    help="folder of a saved PrunedVocabDrafter of the draft model (e.g. one cached by "
                         "benchmarks/pruned_drafters.py), used by the rules that need one (rdk); without it they are "
@@ -128,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "relative to the repository root)")
     p.add_argument("--prompts", type=Path, default=None,
                    help="JSONL of prompts instead of Spec-Bench: Spec-Bench records or {\"prompt\": ...}")
+    p.add_argument("--same-prompts-as", type=Path, default=None,
+                   help="an earlier run's results JSON (a merge or pool too): run on exactly its Spec-Bench prompts, "
+                        "in the round-robin order of the categories, instead of a per-category selection")
     p.add_argument("--prompts-per-category", type=int, default=None, help="override the profile's count")
     p.add_argument("--skip-per-category", type=int, default=None,
                    help="held-out prompts: leave out, per category, the ones a run with this many per category took")
@@ -191,8 +199,12 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     pool = data.load_question_prompts(source, profile.max_new_tokens)
     if args.categories is not None:
         pool = data.keep_categories(pool, args.categories.split(","))
-    pool, dropped = data.drop_long(pool, profile.max_prompt_chars)
-    chosen = data.select_balanced(pool, profile.per_category, profile.selection, profile.skip_per_category)
+    if args.same_prompts_as is not None:
+        chosen = same_prompts_as(pool, args)
+        dropped = []
+    else:
+        pool, dropped = data.drop_long(pool, profile.max_prompt_chars)
+        chosen = data.select_balanced(pool, profile.per_category, profile.selection, profile.skip_per_category)
     if args.limit is not None:
         chosen = chosen[: args.limit]
     gsm8k = data.load_gsm8k(args.data_dir / data.GSM8K_FILE, profile.gsm8k, profile.gsm8k_max_new_tokens,
@@ -204,8 +216,11 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     else:
         per = f"{per} per category,"
     cap = f", prompts <= {profile.max_prompt_chars} characters" if profile.max_prompt_chars else ""
+    how = f"{per} `{profile.selection}` selection{cap}"
+    if args.same_prompts_as is not None:
+        how = f"the prompts of {args.same_prompts_as.name}"
     summary = (
-        f"{len(chosen)} from {source.name} ({per} `{profile.selection}` selection{cap}; "
+        f"{len(chosen)} from {source.name} ({how}; "
         f"{len(categories)} categories{' (--categories ' + args.categories + ')' if args.categories else ''}, "
         f"max_new_tokens={profile.max_new_tokens}) + {len(gsm8k)} GSM8K "
         f"(`{profile.gsm8k_selection}` selection, max_new_tokens={profile.gsm8k_max_new_tokens})"
@@ -213,6 +228,26 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     if dropped:
         summary += f"; categories with no prompt under the length cap, left out: {', '.join(dropped)}"
     return chosen + gsm8k, summary
+
+
+def same_prompts_as(pool: list[data.Prompt], args: argparse.Namespace) -> list[data.Prompt]:
+    """The prompts of `pool` that the run of `args.same_prompts_as` measured, every one of them, interleaved round-robin
+    by category as a per-category selection is (so a policy that learns sees the categories alternate)."""
+    conflicting = [f"--{name.replace('_', '-')} {value}" for name, value in
+                   (("prompts_per_category", args.prompts_per_category), ("skip_per_category", args.skip_per_category))
+                   if value is not None]
+    if conflicting:
+        raise ValueError(f"--same-prompts-as {args.same_prompts_as} with {' and '.join(conflicting)}: expected one "
+                         "way to choose prompts. Fix: drop the per-category options, or --same-prompts-as.")
+    saved = json.loads(args.same_prompts_as.read_text(encoding="utf-8"))
+    wanted = set(saved["selection"]["prompt_ids"])
+    chosen = [p for p in pool if p.prompt_id in wanted]
+    missing = sorted(wanted - {p.prompt_id for p in chosen})
+    if missing:
+        raise ValueError(f"--same-prompts-as {args.same_prompts_as}: {len(missing)} of its prompts are not in this "
+                         f"run's Spec-Bench pool (e.g. {missing[:3]}). Fix: pass the --data-dir of that run, "
+                         "and no --categories that leave them out.")
+    return data.select_balanced(chosen, None, "first")
 
 
 def estimate_seconds(prompt_tokens: list[int], max_new_tokens: list[int], num_methods: int, rates: dict) -> float:
@@ -314,7 +349,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     method_list, skipped = methods_lib.build_methods(
         rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
-        draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock)
+        draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock, policy_state=args.policy_state)
     for rule, reason in skipped.items():
         print(f"Skipping rule {rule!r}: {reason}", flush=True)
     print("Methods: " + ", ".join(f"{m.name}" + (f" (γ={m.gamma})" if m.gamma else "") for m in method_list),

@@ -362,7 +362,8 @@ def test_policy_methods_keep_one_instance_for_the_run():
     by_name = {m.name: m for m in built}
     assert by_name["semspec:exact/constant:3"].policy.max_tokens() == 3
     assert by_name["semspec:exact/adaedl:12"].policy.config.max_tokens == 12
-    assert by_name["semspec:exact/tapout"].policy is by_name["semspec:exact/tapout"].policy  # one instance, reused
+    tapout = by_name["semspec:exact/tapout"]
+    assert tapout.policy_for("qa") is tapout.policy_for("writing") is tapout.policy  # one instance for every prompt
     ucb1 = by_name["semspec:exact/tapout(bandit=ucb1)"]
     assert ucb1.policy.config.bandit == "ucb1" and by_name["semspec:exact/tapout"].policy.config.bandit == "ucb_tuned"
     assert ucb1.describe()["draft_length_kwargs"] == {"bandit": "ucb1"}
@@ -372,6 +373,52 @@ def test_policy_methods_keep_one_instance_for_the_run():
     with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['bandit'\]` = 'egreedy'"):
         methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
                               methods.parse_draft_lengths("tapout(bandit=egreedy)"), include_stock=False)
+
+
+def test_policy_state_category_gives_each_category_its_own_instance_of_a_policy_that_learns():
+    pair = tiny_pair("tiny")
+    built, _ = methods.build_methods(["exact"], {}, None, False, pair.draft,
+                                     methods.parse_draft_lengths("constant:3,heuristic,tapout(bandit=ucb1)"),
+                                     include_stock=False, policy_state="category")
+    # constant and heuristic keep nothing across calls (generate() builds them afresh): they run and are named as usual.
+    assert [m.name for m in built] == ["plain", "semspec:exact/constant:3", "semspec:exact/heuristic",
+                                       "semspec:exact/tapout(bandit=ucb1)/per-category"]
+    heuristic, tapout = built[2], built[3]
+    assert heuristic.policy_for("qa") is heuristic.policy and heuristic.describe()["policy_state"] == "run"
+    assert tapout.describe()["policy_state"] == "category"
+    writing, qa = tapout.policy_for("writing"), tapout.policy_for("qa")
+    assert tapout.policy_for("writing") is writing and writing is not qa and tapout.policy not in (writing, qa)
+    assert writing.config.bandit == qa.config.bandit == "ucb1" and writing.config is not qa.config
+    # A timed call on a qa prompt teaches qa's bandit only.
+    prompt = data.Prompt("specbench_question:3", "qa", "Who wrote Hamlet?", 12)
+    hf_semspec.attach(pair.target)
+    try:
+        with metrics.ForwardMeter(pair.target) as target_meter, metrics.ForwardMeter(pair.draft) as draft_meter:
+            methods.timed_run(tapout, pair, prompt, pair.encode(prompt.text), methods.Meters(target_meter, draft_meter),
+                              [], False, None)
+    finally:
+        hf_semspec.detach(pair.target)
+    assert sum(qa.pulls) > 0 and sum(writing.pulls) == 0 and sum(tapout.policy.pulls) == 0
+    with pytest.raises(ValueError, match=r"--policy-state: got 'prompt'; expected one of \['run', 'category'\]"):
+        methods.build_methods(["exact"], {}, None, False, pair.draft, methods.parse_draft_lengths("tapout"),
+                              policy_state="prompt")
+
+
+def test_run_on_the_same_prompts_as_an_earlier_run(tmp_path):
+    write_tiny_data(tmp_path)
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"selection": {"prompt_ids": ["specbench_question:4", "specbench_question:1"]}}))
+    argv = ["--data-dir", str(tmp_path), "--gsm8k", "0", "--same-prompts-as", str(earlier)]
+    prompts, summary = run.select_prompts(*_args_and_profile(argv))
+    # Every one of them (the quick profile alone would take 1 per category), round-robin by category.
+    assert [(p.prompt_id, p.category) for p in prompts] == [("specbench_question:1", "writing"),
+                                                            ("specbench_question:4", "qa")]
+    assert "the prompts of earlier.json" in summary
+    earlier.write_text(json.dumps({"selection": {"prompt_ids": ["specbench_question:4", "gsm8k:7"]}}))
+    with pytest.raises(ValueError, match=r"1 of its prompts are not in this run's Spec-Bench pool \(e.g. \['gsm8k:7'\]\)"):
+        run.select_prompts(*_args_and_profile(argv))
+    with pytest.raises(ValueError, match=r"with --prompts-per-category 2: expected one way to choose prompts"):
+        run.select_prompts(*_args_and_profile(argv + ["--prompts-per-category", "2"]))
 
 
 def test_draft_length_section_compares_policies_with_the_best_fixed_length():
@@ -1169,6 +1216,28 @@ def test_replay_fresh_per_prompt_starts_every_prompt_from_an_untrained_policy(tm
 
     assert tapout_counts(shared) != tapout_counts(fresh)
     assert "a fresh policy for every prompt" in (tmp_path / "out" / "fresh.md").read_text()
+
+
+def test_replay_policy_state_category_learns_each_category_on_its_own_prompts(tmp_path):
+    argv = _replay_argv(tmp_path, "tapout")[0] + ["--prompts-per-category", "2"]
+    shared = replay.main(argv + ["--name", "shared"], load_pair=tiny_pair)
+    traces = ["--traces", str(tmp_path / "out" / "shared.json")]
+    per_category = replay.main(argv + traces + ["--name", "kind", "--policy-state", "category"], load_pair=tiny_pair)
+    assert [t["category"] for t in shared["traces"]] == ["writing", "qa", "writing", "qa"]
+    default_tokens = RULES.get("exact").default_num_draft_tokens
+    for category in ("writing", "qa"):
+        policy = methods.build_policy("tapout", None, default_tokens, {})  # one instance over the category's prompts
+        for trace in (t for t in shared["traces"] if t["category"] == category):
+            alone = replay.replay(policy, trace["runs"], trace["max_new_tokens"], COSTS, trace["entropies"])
+            record = next(r for r in per_category["records"] if r["prompt_id"] == trace["prompt_id"])
+            assert {k: record[k] for k in alone} == alone
+    # Shared, the last qa prompt comes after three prompts of learning, not one: other rounds.
+    last = shared["traces"][3]["prompt_id"]
+    counts = [next((r["target_forwards"], r["draft_forwards"]) for r in results["records"] if r["prompt_id"] == last)
+              for results in (shared, per_category)]
+    assert counts[0] != counts[1]
+    assert per_category["policy_state"] == "category"
+    assert "one instance per category (`--policy-state category`)" in (tmp_path / "out" / "kind.md").read_text()
 
 
 def test_window_flips_counts_first_mismatches_with_a_full_window():

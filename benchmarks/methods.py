@@ -68,7 +68,8 @@ class Method:
 
     def policy_for(self, category: str | None) -> DraftLengthPolicy | None:
         """The instance that decodes a prompt of `category`: `policy` itself, or with `policy_state="category"` the
-        category's own, built from `policy`'s config the first time the category comes (`policy` when None)."""
+        category's own, built from `policy`'s config the first time the category comes; `category=None` (the
+        warm-up's first tiny call) gets `policy`."""
         if self.policy_state == "run" or category is None:
             return self.policy
         if category not in self._category_policies:

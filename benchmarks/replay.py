@@ -67,7 +67,20 @@ def accepted_runs(draft_predictions: list[int], tokens: list[int]) -> list[int]:
 
 # Per-token policies whose `keep_drafting` reads q only through its entropy H(q): a trace's entropies replay them.
 ENTROPY_POLICIES = frozenset({"adaedl", "cost_aware", "svip"})
-REPLAY_POLICY_STATES = ("run", "prompt", "category")  # which prompts share a policy instance (--policy-state)
+# Which prompts share a policy instance (--policy-state): the live benchmark's choices, and none ("prompt").
+REPLAY_POLICY_STATES = (*methods.POLICY_STATES, "prompt")
+POLICY_STATE_TEXT = {
+    "run": "- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. ",
+    "prompt": "- Each policy starts every prompt untrained (`--fresh-per-prompt`): a fresh policy for every prompt, as "
+              "a call to `generate()` gets when nothing is kept across calls. ",
+    "category": "- Each policy keeps one instance per category (`--policy-state category`), going on across that "
+                "category's prompts: what a server that knew each request's kind could keep. ",
+}
+
+
+def policy_state(results: dict) -> str:
+    """The replay's --policy-state; files written before it record only `fresh_per_prompt`."""
+    return results.get("policy_state") or ("prompt" if results.get("fresh_per_prompt") else "run")
 
 
 def replayable(policy: DraftLengthPolicy) -> bool:
@@ -241,13 +254,7 @@ def render(results: dict) -> str:
         f"{results['selection']}.",
         f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by {priced}, "
         "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
-        ("- Each policy starts every prompt untrained (`--fresh-per-prompt`): a fresh policy for every prompt, as "
-         "a call to `generate()` gets when nothing is kept across calls. " if results.get("fresh_per_prompt") else
-         "- Each policy keeps one instance per category (`--policy-state category`), going on across that "
-         "category's prompts: what a server that knew each request's kind could keep. "
-         if results.get("policy_state") == "category" else
-         "- Each policy keeps one instance across the prompts, in the order below, as in the live benchmark. ")
-        + f"Traces recorded in {results['trace_seconds']:.0f} s.",
+        POLICY_STATE_TEXT[policy_state(results)] + f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
     seeds = sorted({r.get("seed", results["seed"]) for r in results["records"]})
     if results.get("round_time_noise"):
@@ -386,7 +393,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     results = {
         "models": model_names, "selection": selection, "costs": costs, "trace_seconds": trace_seconds,
         "round_time_noise": args.round_time_noise, "seed": args.seed, "seeds": args.seeds,
-        "policy_state": args.policy_state, "fresh_per_prompt": args.policy_state == "prompt",
+        "policy_state": args.policy_state,
         "methods": [{"name": name, "rule": "exact", "draft_length": spec.policy,
                      "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens,
                      "draft_length_config": policy.config.to_dict()} for name, spec, policy in built],

@@ -82,7 +82,8 @@ prompt made 1.04 / 1.03 of the best fixed length against 1.08 / 1.10 going on ac
 (`replay-exact-3x128-per-call.md`, `…-held-out-per-call.md`, against `…-by-length.md`). Pass an instance
 (`draft_length=TapOutPolicy(...)`) to choose what it shares. One instance per kind of request did not pay, even with a
 perfect key: one per Spec-Bench category made 1.06 against 1.09 shared, replayed with `exact`, and 1.10 as shared,
-live with `fly` (`benchmarks/draft-length-findings.md`). `arm_values()` shows what it learned.
+live with `fly`; 1.07 with `cost_aware` pricing `fly`'s window per category (`benchmarks/draft-length-findings.md`).
+`arm_values()` shows what it learned.
 
 Worked example (UCB1, three arms played once with rewards 100, 200 and 150 tokens/s): R = 200, t = 3, every N_a = 1,
 so the indices are 0.5 + sqrt(2 ln 3) = 1.982, 1.0 + 1.482 = 2.482 and 0.75 + 1.482 = 2.232: round 4 goes to the

@@ -60,11 +60,18 @@ def test_section_renders_the_table_and_counts():
     assert ("tuned on the other prompts 0 of 1, best overall 1 of 2, each prompt's best 2 of 2, `tapout` 2 of 2"
             in text)
     assert "Within 3% of the length tuned on the other prompts: `tapout` 1 of 1." in text  # 1.00 >= 0.97 · 0.79
+    # Against constant:3, best over all prompts: a 1.00 >= 0.97 · 0.874, b 1.00 >= 0.97 · 1.00.
+    assert "Within 3% of the one length best over all prompts (`constant:3`): `tapout` 2 of 2." in text
     # tapout at 1 tok/s on p1: (1 · 2 · 2 / 12)^(1/3) = 0.69 < 0.97 · 0.79 on a.
     slower = {**SPEEDS, "p1": ("a", 2.0, 4.0, 1.0)}
     text = "\n".join(resolution.section(_methods(), _records(slower), COSTS))
     assert "| a | 3 | `constant:8` | 0.79 | 0.87 | 1.19 | 0.69 ± 0." in text
     assert "Within 3% of the length tuned on the other prompts: `tapout` 0 of 1." in text
+    assert "Within 3% of the one length best over all prompts (`constant:3`): `tapout` 1 of 2." in text  # 0.69 < 0.85
+    # tapout at 2.5 tok/s on p1: (2.5 · 2 · 2 / 12)^(1/3) = 0.941 on a: short of a's best length, not of constant:3's.
+    text = "\n".join(resolution.section(_methods(), _records({**SPEEDS, "p1": ("a", 2.0, 4.0, 2.5)}), COSTS))
+    assert "`tapout` 1 of 2. Within 3% of the length tuned" in text
+    assert "Within 3% of the one length best over all prompts (`constant:3`): `tapout` 2 of 2." in text
     # One prompt a category gives nothing to read: no section (the quick profile's runs).
     single = {p: v for p, v in SPEEDS.items() if p in ("p1", "q1")}
     assert resolution.section(_methods(), _records(single), COSTS) == []

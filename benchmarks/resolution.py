@@ -58,7 +58,8 @@ def fixed_lengths(methods: list[dict], rule: str) -> list[str]:
 def adaptive_policies(methods: list[dict], rule: str) -> list[str]:
     """The names of `rule`'s other draft-length methods (the policies judged against its fixed lengths), in the order
     of `methods`."""
-    return [m["name"] for m in methods if m.get("draft_length") and m["draft_length"] != "constant" and m["rule"] == rule]
+    return [m["name"] for m in methods
+            if m.get("draft_length") and m["draft_length"] != "constant" and m["rule"] == rule]
 
 
 def modeled_speeds(results: dict, methods: list[str], fix: str) -> dict[str, dict[str, float]]:
@@ -178,24 +179,26 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
                 + [_ratio(v) for v in row["references"].values()]
                 + [_ratio(*row["policies"][n]) if n in row["policies"] else "–" for n in names] for row in table]
         lines += [f"`{rule}`:", ""] + markdown.table(header, body) + [""]
-        categories, tuned = table[:-1], "tuned on the other prompts"
+        categories = table[:-1]
 
         def count(label: str, pairs: list[tuple[float, float]]) -> str:
             """`label k of n`: the pairs (value, reference ratio) with value >= 0.97 × reference."""
             return f"{label} {sum(v >= WITHIN * ref for v, ref in pairs)} of {len(pairs)}"
 
+        def policies_against(reference: str) -> list[str]:
+            """Each policy's count against one reference, over the categories where both are defined."""
+            rows_with = [row for row in categories if row["references"][reference] is not None]
+            return [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], row["references"][reference])
+                                                      for row in rows_with if n in row["policies"]])
+                    for n in names]
+
         to_best = [count(ref, [(row["references"][ref], 1.0) for row in categories
                                if row["references"][ref] is not None]) for ref in overall["references"]]
         to_best += [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], 1.0) for row in categories
                                                       if n in row["policies"]]) for n in names]
-        to_tuned = [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], row["references"][tuned])
-                                                      for row in categories
-                                                      if n in row["policies"] and row["references"][tuned] is not None])
-                    for n in names]
+        to_tuned = policies_against("tuned on the other prompts")
         # The reading where a user sweeps γ once over the whole workload and keeps that one length everywhere.
-        to_overall = [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], row["references"]["best overall"])
-                                                        for row in categories if n in row["policies"]])
-                      for n in names]
+        to_overall = policies_against("best overall")
         errors = [row["policies"][n][1] for row in categories for n in names
                   if n in row["policies"] and row["policies"][n][1] is not None]
         lines.append(f"Categories within 3% of their best fixed length: {', '.join(to_best)}. Within 3% of the length "

@@ -40,11 +40,17 @@ from .models import ModelPair
 PLAIN = "plain"
 STOCK = "stock_assisted"
 SEMSPEC_PREFIX = "semspec:"
-# Which prompts share a draft-length policy instance: all of the run's, or those of one category (`Method.policy_for`).
+# Which prompts share a draft-length policy instance (`policy_key`): all of the run's, or those of one category.
 POLICY_STATES = ("run", "category")
 PER_CATEGORY_SUFFIX = "/per-category"
 # Requirements the speculative loop itself satisfies for any draft model (it passes q and the target's hidden states).
 REQUIREMENTS_THE_LOOP_MEETS = {"requires_draft_probs", "requires_target_hidden_states"}
+
+
+def policy_key(policy_state: str, prompt_id: str | None, category: str | None) -> str | None:
+    """Which policy instance decodes a prompt, by `policy_state`: the run's one (`None`), its category's, or, in a
+    replay (`"prompt"`), its own. Live runs (`Method.policy_for`) and replays key their instances here alike."""
+    return {"run": None, "category": category, "prompt": prompt_id}[policy_state]
 
 
 @dataclass
@@ -64,17 +70,18 @@ class Method:
     # heuristic's length) keep learning across prompts, as they would serving a stream of requests.
     policy: DraftLengthPolicy | None = field(default=None, repr=False, compare=False)
     policy_state: str = "run"  # "category": one instance per category, copies of `policy` as built
-    _category_policies: dict[str, DraftLengthPolicy] = field(default_factory=dict, repr=False, compare=False)
+    _keyed_policies: dict[str, DraftLengthPolicy] = field(default_factory=dict, repr=False, compare=False)
 
     def policy_for(self, category: str | None) -> DraftLengthPolicy | None:
-        """The instance that decodes a prompt of `category`: `policy` itself, or with `policy_state="category"` the
-        category's own, built from `policy`'s config the first time the category comes; `category=None` (the
-        warm-up's first tiny call) gets `policy`."""
-        if self.policy_state == "run" or category is None:
+        """The instance that decodes a prompt of `category` (`policy_key`): `policy` itself, or with
+        `policy_state="category"` the category's own, built from `policy`'s config the first time the category comes;
+        `category=None` (the warm-up's first tiny call) gets `policy`."""
+        key = policy_key(self.policy_state, None, category)
+        if key is None:
             return self.policy
-        if category not in self._category_policies:
-            self._category_policies[category] = type(self.policy)(copy.deepcopy(self.policy.config))
-        return self._category_policies[category]
+        if key not in self._keyed_policies:
+            self._keyed_policies[key] = type(self.policy)(copy.deepcopy(self.policy.config))
+        return self._keyed_policies[key]
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,

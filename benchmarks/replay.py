@@ -382,7 +382,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
             instances = {}  # every seed replays from untrained policies
             rng = random.Random(seed)
             for trace in traces:
-                key = {"run": None, "prompt": trace["prompt_id"], "category": trace["category"]}[args.policy_state]
+                key = methods.policy_key(args.policy_state, trace["prompt_id"], trace["category"])
                 if key not in instances:
                     instances[key] = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
                 policy = instances[key]

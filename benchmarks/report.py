@@ -23,14 +23,12 @@ from .data import REPO_ROOT
 
 
 def cpu_model() -> str:
-    """The CPU model name from /proc/cpuinfo (Linux), else `platform.processor()`."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    """The CPU model name from /proc/cpuinfo (Linux), else `platform.processor()` (other systems have no such file)."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(encoding="utf-8").splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or "unknown"
 
 

@@ -62,17 +62,24 @@ def adaptive_policies(methods: list[dict], rule: str) -> list[str]:
             if m.get("draft_length") and m["draft_length"] != "constant" and m["rule"] == rule]
 
 
-def modeled_speeds(results: dict, methods: list[str], fix: str) -> dict[str, dict[str, float]]:
-    """`per_prompt_values` of a results dict's records of `methods`, at its run's cost model. Raises when the run
-    lacks one of them (the error ends with `fix`, the caller's), or a cost model."""
-    present = sorted({r["method"] for r in results["records"]})
-    missing = [m for m in methods if m not in present]
-    if missing:
-        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {present}). Fix: {fix}")
+def cost_model(results: dict) -> dict:
+    """A results dict's cost model (`metrics.run_cost_model`); raises when it has none to price records at."""
     costs = metrics.run_cost_model(results)
     if costs is None:
         raise ValueError("the run has no cost model and its records do not determine one (metrics.fit_round_costs). "
                          "Fix: pass a benchmarks/run.py results file with several hf_semspec methods per prompt.")
+    return costs
+
+
+def modeled_speeds(results: dict, methods: list[str], fix: str,
+                   costs: dict | None = None) -> dict[str, dict[str, float]]:
+    """`per_prompt_values` of a results dict's records of `methods`, at `costs` (default: its run's `cost_model`, for a
+    caller that does not keep it). Raises when the run lacks one of them (the error ends with `fix`, the caller's)."""
+    present = sorted({r["method"] for r in results["records"]})
+    missing = [m for m in methods if m not in present]
+    if missing:
+        raise ValueError(f"the run has no {' or '.join(missing)} (its methods: {present}). Fix: {fix}")
+    costs = cost_model(results) if costs is None else costs
     return per_prompt_values([r for r in results["records"] if r["method"] in methods], costs)
 
 

@@ -135,7 +135,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="JSONL of prompts instead of Spec-Bench: Spec-Bench records or {\"prompt\": ...}")
     p.add_argument("--same-prompts-as", type=Path, default=None,
                    help="an earlier run's results JSON (a merge or pool too): run on exactly its Spec-Bench prompts, "
-                        "in the round-robin order of the categories, instead of a per-category selection")
+                        "in the round-robin order of the categories, instead of a per-category selection (with "
+                        "--limit N, the first N of that order: a quick check before the full run)")
     p.add_argument("--prompts-per-category", type=int, default=None, help="override the profile's count")
     p.add_argument("--skip-per-category", type=int, default=None,
                    help="held-out prompts: leave out, per category, the ones a run with this many per category took")
@@ -143,7 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which prompts of a category (default: the profile's)")
     p.add_argument("--max-prompt-chars", type=int, default=None,
                    help="leave out prompts longer than this (default: the profile's, 300 in quick; 0 = no cap)")
-    p.add_argument("--limit", type=int, default=None, help="at most this many Spec-Bench/custom prompts")
+    p.add_argument("--limit", type=int, default=None,
+                   help="at most this many Spec-Bench/custom prompts: the first of the selection, after every other "
+                        "option that chooses them (--same-prompts-as included)")
     p.add_argument("--categories", default=None,
                    help="comma-separated Spec-Bench categories to keep (default: all), e.g. math_reasoning to add "
                         "prompts of one category to an earlier run's")
@@ -205,6 +208,7 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     else:
         pool, dropped = data.drop_long(pool, profile.max_prompt_chars)
         chosen = data.select_balanced(pool, profile.per_category, profile.selection, profile.skip_per_category)
+    selected = chosen
     if args.limit is not None:
         chosen = chosen[: args.limit]
     gsm8k = data.load_gsm8k(args.data_dir / data.GSM8K_FILE, profile.gsm8k, profile.gsm8k_max_new_tokens,
@@ -219,6 +223,8 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     how = f"{per} `{profile.selection}` selection{cap}"
     if args.same_prompts_as is not None:
         how = f"the prompts of {args.same_prompts_as.name}"
+    if args.limit is not None and args.limit < len(selected):
+        how += f", the first {args.limit} of {len(selected)} (--limit)"
     summary = (
         f"{len(chosen)} from {source.name} ({how}; "
         f"{len(categories)} categories{' (--categories ' + args.categories + ')' if args.categories else ''}, "

@@ -62,13 +62,14 @@ def compare(runs: list[dict], paths: list[Path], policy: str) -> dict:
     groups = {p: [p] for p in prompts} | categories | {"overall": prompts}
     out = {"fixed": fixed, "prompts": prompts, "categories": categories, "runs": []}
     for results in runs:
+        costs = resolution.cost_model(results)
         values = resolution.modeled_speeds(results, fixed + [policy], "compare runs whose records include every method "
-                                            "they list.")
+                                            "they list.", costs)
         rows = {}
         for label, group in groups.items():
             best = resolution.best_fixed(values, fixed, group)
             rows[label] = {"best": best, "ratio": resolution.log_ratio(values[policy], values[best], group)[0]}
-        out["runs"].append({"costs": metrics.run_cost_model(results), "rows": rows})
+        out["runs"].append({"costs": costs, "rows": rows})
     return out
 
 

@@ -413,7 +413,11 @@ def test_run_on_the_same_prompts_as_an_earlier_run(tmp_path):
     # Every one of them (the quick profile alone would take 1 per category), round-robin by category.
     assert [(p.prompt_id, p.category) for p in prompts] == [("specbench_question:1", "writing"),
                                                             ("specbench_question:4", "qa")]
-    assert "the prompts of earlier.json" in summary
+    assert "the prompts of earlier.json" in summary and "--limit" not in summary
+    # --limit keeps the first of that order, and the summary says the run measured only part of them.
+    limited, summary = run.select_prompts(*_args_and_profile(argv + ["--limit", "1"]))
+    assert [p.prompt_id for p in limited] == ["specbench_question:1"]
+    assert "1 from" in summary and "the prompts of earlier.json, the first 1 of 2 (--limit)" in summary
     earlier.write_text(json.dumps({"selection": {"prompt_ids": ["specbench_question:4", "gsm8k:7"]}}))
     with pytest.raises(ValueError, match=r"1 of its prompts are not in this run's Spec-Bench pool \(e.g. \['gsm8k:7'\]\)"):
         run.select_prompts(*_args_and_profile(argv))

@@ -26,7 +26,14 @@ RESULTS_DIR = Path(__file__).resolve().parent / "results"
 
 
 def over_anchor(results: dict, method: str, anchor: str) -> dict[str, float]:
-    """prompt → the method's measured tokens/s over the anchor's on that prompt, in this run."""
+    """prompt → the method's measured tokens/s over the anchor's on that prompt, in this run. Refuses a merge of
+    runs (`benchmarks/merge.py`): there a method's records and the anchor's may come from different runs."""
+    if "merged" in results:
+        merged = results["merged"]
+        raise ValueError(f"a merge of runs ({merged.get('base')} + {merged.get('added')}): its records of {method!r} "
+                         f"and of {anchor!r} may come from different runs, which makes their ratio compare two "
+                         "machines' states. Fix: pass the runs it merges, or read its table 'Measured over <anchor> in "
+                         "the same run'.")
     speeds: dict[str, dict[str, float]] = {}
     for r in results["records"]:
         if r["method"] in (method, anchor):

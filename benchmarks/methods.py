@@ -30,6 +30,7 @@ import torch
 
 import hf_semspec
 from hf_semspec.draft_length import POLICIES, DraftLengthPolicy
+from hf_semspec.draft_length.base import default_length
 from hf_semspec.errors import SemSpecConfigError
 from hf_semspec.rules import RULES, AcceptanceRule
 
@@ -106,7 +107,8 @@ class DraftLengthSpec:
     def label(self) -> str:
         """The entry as `--draft-lengths` takes it (strings bare, other values as JSON), so it parses back to itself."""
         options = ";".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in self.options)
-        return self.policy + (f":{self.tokens}" if self.tokens else "") + (f"({options})" if options else "")
+        length = f":{self.tokens}" if self.tokens is not None else ""
+        return self.policy + length + (f"({options})" if options else "")
 
 
 _SPEC_FORM = "<policy>, <policy>:<tokens> or <policy>(<option>=<value>;...), e.g. constant:8 or tapout(bandit=ucb1)"
@@ -235,9 +237,12 @@ def build_policy(name: str, tokens: int | None, default_tokens: int, options: di
     policy_class = POLICIES.get(name)
     options = dict(options or {})
     field_name = policy_class.length_field
-    if field_name is not None and (tokens or field_name not in options):
+    if field_name is not None and tokens is not None:
+        options[field_name] = tokens  # 0 too: the policy's config refuses it, as generate() would
+    elif field_name is not None and field_name not in options:
         default = getattr(policy_class.config_class(), field_name)
-        options[field_name] = tokens or (default if default is not None else default_tokens)
+        options[field_name] = default if default is not None else default_length(
+            policy_class.config_class.from_kwargs(options), field_name, default_tokens)
     return POLICIES.build(name, options)
 
 

@@ -217,18 +217,50 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
     return lines
 
 
+def setting(results: dict) -> dict:
+    """What must agree for two files' records to pool as one experiment: each method's options (the config it ran
+    with, and which prompts shared its instance), and a replay's own setting (how its policies kept state, the round
+    times' noise and seeds, the costs it priced rounds at, which steer the policies that learn from time)."""
+    methods = {m["name"]: (m.get("draft_length_config"), m.get("policy_state", "run")) for m in results["methods"]}
+    if "traces" not in results and "round_time_noise" not in results:
+        return {"methods": methods}
+    # A replay; files written before --policy-state record only `fresh_per_prompt` (`replay.policy_state`).
+    state = results.get("policy_state") or ("prompt" if results.get("fresh_per_prompt") else "run")
+    return {"methods": methods, "policy_state": state, "costs": _to_9_digits(results.get("costs")),
+            **{k: results.get(k) for k in ("round_time_noise", "seed", "seeds")}}
+
+
+def _to_9_digits(value):
+    """`value` with its floats to 9 significant digits: a cost model fitted twice from the same records differs in the
+    last bits (summation order)."""
+    if isinstance(value, dict):
+        return {k: _to_9_digits(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_to_9_digits(v) for v in value]
+    return float(f"{value:.9g}") if isinstance(value, float) else value
+
+
 def pool(paths: list[Path]) -> tuple[list[dict], list[dict], dict]:
-    """(methods, records, costs) of results files with the same methods on different prompts, at the first file's
-    costs (its `costs`, a replay's, or its run's cost model)."""
+    """(methods, records, costs) of results files with the same methods and setting (`setting`) on different
+    prompts, at the first file's costs (its `costs`, a replay's, or its run's cost model)."""
     files = [json.loads(p.read_text(encoding="utf-8")) for p in paths]
     first = files[0]
     costs = first.get("costs") or metrics.run_cost_model(first)
     names = [m["name"] for m in first["methods"]]
+    first_setting = setting(first)
     records, seen = [], set()
     for path, results in zip(paths, files):
         if [m["name"] for m in results["methods"]] != names:
             raise ValueError(f"{path}: its methods {[m['name'] for m in results['methods']]} are not those of "
                              f"{paths[0]} ({names}); pool results of the same methods")
+        differ = {key: (first_setting.get(key), value) for key, value in setting(results).items()
+                  if value != first_setting.get(key)}
+        if differ:
+            if "methods" in differ:
+                a, b = differ["methods"]
+                differ["methods"] = {n: (a[n], b[n]) for n in names if a[n] != b[n]}
+            raise ValueError(f"{path}: its setting differs from {paths[0]}'s ({differ}, as (first, this)); pool "
+                             "results of one experiment on different prompts. Fix: run both with the same options")
         prompts = {r["prompt_id"] for r in results["records"]}
         if prompts & seen:
             raise ValueError(f"{path}: prompts {sorted(prompts & seen)} are already in an earlier file; pool results "

@@ -250,10 +250,13 @@ def speculative_decode(
             keep = eos_at + 1
         new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
         new_tokens = new_tokens[:, :keep]
+        # The policy learns from what the round delivered: drafts after an EOS are not output, so they do not count
+        # as accepted, even where the target agrees with them (the round's tokens are then `keep`, not accepted + 1).
         draft_length.observe(
             RoundOutcome(
-                gamma, num_accepted, time.perf_counter() - round_start,
-                includes_prefill=num_target_forwards == 1, num_matched=num_matched,
+                gamma, min(num_accepted, keep), time.perf_counter() - round_start,
+                includes_prefill=num_target_forwards == 1,
+                num_matched=None if num_matched is None else min(num_matched, keep),
             )
         )
 

@@ -119,7 +119,8 @@ class ModelDrafter:
         """Drafts up to `max_tokens` tokens after `input_ids` (shape `(batch, length)`).
 
         A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; such
-        a round also ends after an EOS (`stop_token_ids`). Without one, drafting runs without host syncs.
+        a round also ends after an EOS (`stop_token_ids`), read after the policy's decision, when that sync has
+        already waited for the token. Without one, drafting runs without host syncs.
         """
         length = input_ids.shape[1]
         sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], max_tokens)], dim=1)
@@ -137,9 +138,11 @@ class ModelDrafter:
             probs.append(q)
             num_drafted += 1
             if asks_policy and num_drafted < max_tokens:
-                if self.stop_token_ids and int(token[0]) in self.stop_token_ids:
-                    break
+                # The policy's read first: it syncs on q, which comes after the token, so the EOS read below then
+                # waits for nothing (the other order would wait twice per token).
                 if not policy.keep_drafting(num_drafted, q):
+                    break
+                if self.stop_token_ids and int(token[0]) in self.stop_token_ids:
                     break
         return DraftBlock(
             sequence=sequence[:, : length + num_drafted],

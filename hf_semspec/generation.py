@@ -18,6 +18,7 @@ from transformers import GenerationConfig
 from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
+from .draft_length.base import default_length
 from .errors import invalid_value
 from .rules import RULES, AcceptanceRule
 
@@ -153,6 +154,17 @@ def _build_draft_length_policy(
             raise invalid_value(
                 "draft_length_kwargs", call_kwargs, "None when draft_length is a policy instance", "configure the instance"
             )
+        # The instance's own config sets its length; a length passed with it would be ignored. (The model's
+        # generation config is not the caller's choice for this call, so it does not count.)
+        passed_length = _first_set(
+            kwargs.get("num_assistant_tokens"), getattr(generation_config, "num_assistant_tokens", None)
+        )
+        if passed_length is not None:
+            raise invalid_value(
+                "num_assistant_tokens", passed_length, "None when draft_length is a policy instance",
+                f"set the length in the instance's config ({type(call_name.config).__name__}"
+                + (f"({call_name.length_field}=...)" if call_name.length_field else "") + ")",
+            )
         return call_name
     name, options, _ = _resolve_component(
         call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config
@@ -185,9 +197,17 @@ def _build_draft_length_policy(
                     f"the same value as num_assistant_tokens={num_assistant_tokens} when both are given",
                     "give only one of the two",
                 )
+            if length_field == "initial_tokens" and num_assistant_tokens > config.max_tokens:
+                raise invalid_value(
+                    "num_assistant_tokens",
+                    num_assistant_tokens,
+                    f"at most draft_length_kwargs['max_tokens']={config.max_tokens} ({name!r} starts at this length "
+                    "and never drafts more than max_tokens)",
+                    "lower num_assistant_tokens or raise max_tokens",
+                )
             setattr(config, length_field, num_assistant_tokens)
         elif getattr(config, length_field) is None:
-            setattr(config, length_field, rule.default_num_draft_tokens)
+            setattr(config, length_field, default_length(config, length_field, rule.default_num_draft_tokens))
         config.validate()
     if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
@@ -266,7 +286,7 @@ def generate(
             length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`);
-            default: the rule's `default_num_draft_tokens`.
+            default: the rule's `default_num_draft_tokens`. Not with a policy instance, whose config sets it.
         All other arguments: as `transformers.GenerationMixin.generate`.
 
     Returns:

@@ -157,3 +157,38 @@ def test_draft_in_other_dtype_works(attached):
 def test_draft_length_without_acceptance(no_forward):
     with pytest.raises(SemSpecConfigError, match=r"`draft_length` = 'heuristic'.*only together with an acceptance rule"):
         generate(no_forward, draft_length="heuristic")
+
+
+def test_num_assistant_tokens_with_a_policy_instance_is_not_silently_dropped(no_forward):
+    from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy
+
+    policy = ConstantPolicy(ConstantConfig(num_tokens=4))
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens` = 2 .*None when draft_length is a policy "
+                                                 r"instance. Fix: set the length in the instance's config "
+                                                 r"\(ConstantConfig\(num_tokens=\.\.\.\)\)"):
+        generate(no_forward, acceptance="exact", draft_length=policy, num_assistant_tokens=2)
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens` = 3 .*policy instance"):
+        generate(no_forward, acceptance="exact", draft_length=policy,
+                 generation_config=GenerationConfig(num_assistant_tokens=3, max_new_tokens=5))
+
+
+def test_num_assistant_tokens_above_an_initial_lengths_cap(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens` = 8 .*at most draft_length_kwargs"
+                                                 r"\['max_tokens'\]=3 .*Fix: lower num_assistant_tokens or raise"):
+        generate(no_forward, acceptance="exact", draft_length="heuristic", draft_length_kwargs={"max_tokens": 3},
+                 num_assistant_tokens=8)
+
+
+def test_tapout_arm_beyond_its_policys_cap_is_refused_when_configured(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['arms'\]` = \['best_constant:40', 'svip'\] "
+                                                 r".*'best_constant:40' gives .*at most max_tokens=32"):
+        generate(no_forward, acceptance="exact", draft_length="tapout",
+                 draft_length_kwargs={"arms": ["best_constant:40", "svip"]})
+
+
+def test_a_policy_given_another_policys_config():
+    from hf_semspec.draft_length.adaedl import AdaEDLConfig
+    from hf_semspec.draft_length.svip import SVIPPolicy
+
+    with pytest.raises(SemSpecConfigError, match=r"`config` = 'AdaEDLConfig' .*allowed a SVIPConfig for 'svip'"):
+        SVIPPolicy(AdaEDLConfig())

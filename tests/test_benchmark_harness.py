@@ -373,6 +373,13 @@ def test_policy_methods_keep_one_instance_for_the_run():
     with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['bandit'\]` = 'egreedy'"):
         methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
                               methods.parse_draft_lengths("tapout(bandit=egreedy)"), include_stock=False)
+    # A length of 0 is refused as generate(num_assistant_tokens=0) refuses it, not read as "the default".
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 0 .*\[1, 128\]"):
+        methods.build_methods(["exact"], {}, None, False, tiny_llama(seed=1),
+                              methods.parse_draft_lengths("constant:0"), include_stock=False)
+    # A cap below the rule's default draft length bounds the initial length, as in generate().
+    capped = methods.build_policy("heuristic", None, 5, {"max_tokens": 3})
+    assert capped.config.initial_tokens == 3
 
 
 def test_policy_state_category_gives_each_category_its_own_instance_of_a_policy_that_learns():

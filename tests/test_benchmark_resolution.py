@@ -126,6 +126,23 @@ def test_pool_writes_the_table_over_files_and_refuses_what_it_cannot_pool(tmp_pa
     other.write_text(json.dumps({**second, "methods": _methods()[:3]}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"other.json: its methods .* are not those of .*run0.json"):
         resolution.pool([paths[0], other])
+    # The same names run with other options, or replayed in another setting, are another experiment: refused.
+    changed = [{**m, "draft_length_config": {"bandit": "ucb1"}} if m["name"].endswith("tapout") else m
+               for m in _methods()]
+    other.write_text(json.dumps({**second, "methods": changed}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"other.json: its setting differs .*'methods': \{'semspec:fly/tapout': "
+                                         r"\(\(None, 'run'\), \(\{'bandit': 'ucb1'\}, 'run'\)\)\}"):
+        resolution.pool([paths[0], other])
+    replays = []
+    for path, results, state, cost in zip(paths, (first, second), ("run", "category"), (1.0, 1.0 + 1e-15)):
+        replays.append(path.with_name(f"replay_{path.name}"))
+        replays[-1].write_text(json.dumps({**results, "round_time_noise": 0.0, "seed": 0, "seeds": 1,
+                                           "policy_state": state,
+                                           "costs": {**COSTS, "seconds_per_target_forward": cost}}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its setting differs .*\{'policy_state': \('run', 'category'\)\}"):
+        resolution.pool(replays)
+    replays[1].write_text(json.dumps({**json.loads(replays[1].read_text()), "policy_state": "run"}), encoding="utf-8")
+    assert len(resolution.pool(replays)[1]) == len(first["records"] + second["records"])  # costs equal to 9 digits
 
 
 # benchmarks/verify_cost.py: pricing a generation by its rounds' lengths.
@@ -199,6 +216,10 @@ def test_over_anchor_divides_by_the_anchor_on_the_same_prompt_and_run(tmp_path):
     assert "| `cost_aware(flip_prior=0.5)@abc1234` | 1.225 (2) / 1.500 (1) | 1.310 (3) |" in table
     with pytest.raises(ValueError, match=r"--runs: got 'tapout'; expected LABEL=FILE"):
         anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--runs", "tapout"])
+    # A merge holds the added run's records of the policy next to the base run's of the anchor: refused.
+    merged = {**first, "merged": {"base": "a.json", "added": "b.json"}}
+    with pytest.raises(ValueError, match=r"a merge of runs \(a.json \+ b.json\).*Fix: pass the runs it merges"):
+        anchored.over_anchor(merged, policy, "semspec:fly/constant:3")
 
 
 def test_fitted_line_goes_through_the_lengths_the_rounds_drafted():

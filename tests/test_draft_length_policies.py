@@ -848,5 +848,48 @@ def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
     eos_at = next(i for i in range(1, 7) if tokens[i] not in tokens[:i])  # its first occurrence, mid-draft
     options = {"threshold": 1e9} if policy_name == "svip" else {"num_tokens": 8}  # svip: never stops on entropy
     policy = POLICIES.build(policy_name, options)
+    asked = []
+    if policy.decides_per_token:
+        original = policy.keep_drafting
+        policy.keep_drafting = lambda n, q: (asked.append(n), original(n, q))[1]
     drafted = drafter(frozenset({tokens[eos_at]})).draft(ids, None, 8, policy).sequence[0, 8:].tolist()
     assert drafted == (tokens[: eos_at + 1] if stops_at_eos else tokens)
+    # The policy decides before the EOS is read, so that read waits for nothing: it is asked about the EOS too.
+    assert asked == (list(range(1, eos_at + 2)) if stops_at_eos else [])
+
+
+def test_a_round_cut_at_an_eos_reports_only_the_drafts_it_emitted(attached):
+    """A policy learns from what a round delivered: drafts after an EOS are cut from the output, so they do not count
+    as accepted either, even where the target agrees with them (as `benchmarks/replay.py` counts them)."""
+    import copy
+
+    from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy
+
+    greedy = type(attached).generate(attached, prompt(8), do_sample=False, max_new_tokens=12, min_new_tokens=12)
+    tokens = greedy[0, 8:].tolist()
+    eos_at = next(i for i in range(1, 7) if tokens[i] not in tokens[:i])  # its first occurrence, inside round one
+    outcomes = []
+    policy = ConstantPolicy(ConstantConfig(num_tokens=8))
+    policy.observe = outcomes.append
+    out = attached.generate(prompt(8), assistant_model=copy.deepcopy(attached), acceptance="exact", draft_length=policy,
+                            max_new_tokens=12, eos_token_id=tokens[eos_at], pad_token_id=0)
+    # The draft is the target itself, so the rule accepts all 8 drafts; the output stops at the EOS.
+    assert out[0, 8:].tolist() == tokens[: eos_at + 1]
+    assert [(o.num_drafted, o.num_accepted) for o in outcomes] == [(8, eos_at + 1)]
+
+
+
+def test_a_policy_with_its_length_unset_drafts_the_fallback_or_the_rules_default_within_its_cap(attached, close_draft):
+    """`ConstantPolicy()` passed as an instance drafts 5 a round (`UNSET_LENGTH_FALLBACK`); a cap set below the rule's
+    default draft length (5) also bounds the initial length that generate() fills in."""
+    from hf_semspec.draft_length.constant import ConstantPolicy
+
+    kwargs = dict(assistant_model=close_draft, acceptance="exact", max_new_tokens=24, min_new_tokens=24,
+                  return_dict_in_generate=True)
+    stats = attached.generate(prompt(8), draft_length=ConstantPolicy(), **kwargs).acceptance_stats
+    rounds = stats.drafted_per_position[0]
+    # Every round drafts 5 but the last ones, which the loop caps near max_new_tokens.
+    assert len(stats.drafted_per_position) == 5 and stats.drafted_per_position[4] >= rounds - 2
+    stats = attached.generate(prompt(8), draft_length="heuristic", draft_length_kwargs={"max_tokens": 3},
+                              **kwargs).acceptance_stats
+    assert len(stats.drafted_per_position) == 3  # it started at 3, not at the rule's 5 (which was refused before)

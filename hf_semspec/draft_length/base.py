@@ -31,6 +31,19 @@ from ..errors import invalid_value
 from ..registry import Registry
 
 
+# The length a policy built outside `generate()` takes where its length field is None (`generate()` fills it with
+# `num_assistant_tokens` or the rule's default draft length): the default of most rules.
+UNSET_LENGTH_FALLBACK = 5
+
+
+def default_length(config: DraftLengthConfig, length_field: str, length: int) -> int:
+    """The value a `None` length field of `config` takes from a default `length` (the rule's γ, or tapout's length for
+    its arms): an initial length starts no higher than the cap the user may have set below that default."""
+    if length_field == "initial_tokens":
+        return min(length, config.max_tokens)
+    return length
+
+
 @dataclass
 class DraftLengthConfig(ComponentConfig):
     """Base config of draft-length policies: the options passed as `draft_length_kwargs`."""
@@ -54,8 +67,8 @@ class InitialLengthMixin:
             )
 
     def first_length(self) -> int:
-        """`initial_tokens`, or 5 (every rule's default draft length) for a config built outside `generate()`."""
-        return self.initial_tokens if self.initial_tokens is not None else min(5, self.max_tokens)
+        """`initial_tokens`, or `UNSET_LENGTH_FALLBACK` (5) for a config built outside `generate()`."""
+        return self.initial_tokens if self.initial_tokens is not None else min(UNSET_LENGTH_FALLBACK, self.max_tokens)
 
 
 @dataclass(frozen=True)
@@ -64,7 +77,9 @@ class RoundOutcome:
 
     Args:
         num_drafted (`int`): tokens drafted this round (γ).
-        num_accepted (`int`): drafts the acceptance rule accepted (the round emitted `num_accepted + 1` tokens).
+        num_accepted (`int`): drafts the acceptance rule accepted (the round emitted `num_accepted + 1` tokens), up
+            to the end of the output: in a round cut at a drafted EOS, the drafts through the EOS, which are then all
+            the round's tokens.
         seconds (`float`): wall time of the round, drafting through verification.
         includes_prefill (`bool`): the round's forwards also processed the prompt (the first round of a call), so
             `seconds` says little about the cost of drafting.
@@ -116,6 +131,11 @@ class DraftLengthPolicy(ABC):
     keeps_state_across_calls: ClassVar[bool] = False
 
     def __init__(self, config: DraftLengthConfig | None = None):
+        if config is not None and not isinstance(config, self.config_class):
+            raise invalid_value(
+                "config", type(config).__name__, f"a {self.config_class.__name__} for {self.name!r}",
+                f"pass {self.config_class.__name__}(...), or build the policy whose config this is",
+            )
         self.config = config if config is not None else self.config_class()
         self.config.validate()
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..component_config import Range
-from .base import DraftLengthConfig, DraftLengthPolicy, register_policy
+from .base import UNSET_LENGTH_FALLBACK, DraftLengthConfig, DraftLengthPolicy, register_policy
 
 
 @dataclass
@@ -19,7 +19,8 @@ class ConstantConfig(DraftLengthConfig):
     num_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "tokens drafted per round; None = num_assistant_tokens, else the acceptance rule's default",
+            "help": "tokens drafted per round; None = num_assistant_tokens, else the acceptance rule's default (5 "
+                    "for a policy built outside generate())",
             "range": Range(1, 128),
         },
     )
@@ -32,4 +33,5 @@ class ConstantPolicy(DraftLengthPolicy):
     length_field = "num_tokens"
 
     def max_tokens(self) -> int:
-        return self.config.num_tokens
+        """`num_tokens`, or `UNSET_LENGTH_FALLBACK` (5) for a config built outside `generate()` without one."""
+        return self.config.num_tokens if self.config.num_tokens is not None else UNSET_LENGTH_FALLBACK

@@ -109,7 +109,15 @@ import torch
 from ..component_config import Range
 from ..errors import SemSpecConfigError, invalid_value
 from ._round_cost import RoundCostFit
-from .base import POLICIES, DraftLengthConfig, DraftLengthPolicy, RoundOutcome, register_policy
+from .base import (
+    POLICIES,
+    UNSET_LENGTH_FALLBACK,
+    DraftLengthConfig,
+    DraftLengthPolicy,
+    RoundOutcome,
+    default_length,
+    register_policy,
+)
 
 DEFAULT_ARMS = ("cost_aware", "svip")
 EXAMPLE_ARMS = ("constant:3", "constant:8", "adaedl")
@@ -119,7 +127,6 @@ BANDITS = ("ucb1", "ucb_tuned", "thompson")
 REWARDS = ("tokens_per_second", "tokens_per_fitted_second", "tokens_per_forward", "blended")
 ROUND_TIMES = ("per_length", "line")  # how "tokens_per_fitted_second" reads a round's time off the timed rounds
 TIMED_REWARDS = ("tokens_per_second", "tokens_per_fitted_second")  # a prefill round's time would mislead them
-_FALLBACK_NUM_TOKENS = 5  # the rules' default draft length, for arms built outside generate()
 
 
 def split_arm(arm: str | dict) -> tuple[str | None, str | None]:
@@ -134,6 +141,22 @@ def split_arm(arm: str | dict) -> tuple[str | None, str | None]:
 def arm_options(arm: str | dict) -> dict:
     """The options an arm sets on its policy's config: a dict arm's keys other than "name"; none for a name."""
     return {k: v for k, v in arm.items() if k != "name"} if isinstance(arm, dict) else {}
+
+
+def arm_config(arm: str | dict, num_tokens: int | None) -> DraftLengthConfig:
+    """The validated config of an arm's policy: its options, and in its length field the arm's ':<length>', else
+    tapout's `num_tokens` (or `UNSET_LENGTH_FALLBACK` outside `generate()`) where the options leave it None.
+    Raises `SemSpecConfigError` from the arm's own config."""
+    name, length = split_arm(arm)
+    policy_class = POLICIES.get(name)
+    config = policy_class.config_class.from_kwargs(arm_options(arm))
+    length_field = policy_class.length_field
+    if length is not None:
+        setattr(config, length_field, int(length))
+    elif length_field is not None and getattr(config, length_field) is None:
+        setattr(config, length_field, default_length(config, length_field, num_tokens or UNSET_LENGTH_FALLBACK))
+    config.validate()
+    return config
 
 
 def arm_label(arm: str | dict) -> str:
@@ -185,8 +208,9 @@ class TapOutConfig(DraftLengthConfig):
     num_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "length for arms whose own length option is unset (heuristic's initial, constant's); None = "
-            "num_assistant_tokens, else the acceptance rule's default",
+            "help": "length for arms whose own length option is unset (heuristic's initial, constant's; an initial "
+            "length no higher than the arm's max_tokens); None = num_assistant_tokens, else the acceptance rule's "
+            "default",
             "range": Range(1, 128),
         },
     )
@@ -201,8 +225,21 @@ class TapOutConfig(DraftLengthConfig):
                 f"'per_length' (the default) with reward={self.reward!r}: only reward='tokens_per_fitted_second' "
                 "prices rounds by a fitted time",
                 "drop round_time, or pass reward='tokens_per_fitted_second'")
-        if self.arms is None:
-            return
+        if self.arms is not None:
+            self._validate_arm_names()
+        for arm in self.arms if self.arms is not None else DEFAULT_ARMS:  # each as it will be built, with its length
+            try:
+                arm_config(arm, self.num_tokens)
+            except SemSpecConfigError as error:
+                length = self.num_tokens or UNSET_LENGTH_FALLBACK
+                raise invalid_value(
+                    f"{self.argument_name}['arms']", self.arms if self.arms is not None else list(DEFAULT_ARMS),
+                    f"arms that their policy accepts with the length they get (num_tokens={length}, which "
+                    f"num_assistant_tokens sets, where an arm sets none): {arm!r} gives {error}",
+                    "give the arm a length within its policy's limits, or lower num_tokens / num_assistant_tokens",
+                ) from error
+
+    def _validate_arm_names(self) -> None:
         label = f"{self.argument_name}['arms']"
         registered = [n for n in POLICIES.names() if n != self.component_name]
         fix = (f"pass a list of registered policy names, each optionally with ':<length>', e.g. {list(EXAMPLE_ARMS)}, "
@@ -264,16 +301,7 @@ class TapOutPolicy(DraftLengthPolicy):
         self._rng = random.Random(self.config.seed)
 
     def _build_arm(self, arm: str | dict) -> DraftLengthPolicy:
-        name, length = split_arm(arm)
-        policy_class = POLICIES.get(name)
-        config = policy_class.config_class.from_kwargs(arm_options(arm))
-        length_field = policy_class.length_field
-        if length is not None:
-            setattr(config, length_field, int(length))
-        elif length_field is not None and getattr(config, length_field) is None:
-            setattr(config, length_field, self.config.num_tokens or _FALLBACK_NUM_TOKENS)
-        config.validate()
-        return policy_class(config)
+        return POLICIES.get(split_arm(arm)[0])(arm_config(arm, self.config.num_tokens))
 
     # The bandit.
 

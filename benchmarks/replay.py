@@ -78,11 +78,6 @@ POLICY_STATE_TEXT = {
 }
 
 
-def policy_state(results: dict) -> str:
-    """The replay's --policy-state; files written before it record only `fresh_per_prompt`."""
-    return results.get("policy_state") or ("prompt" if results.get("fresh_per_prompt") else "run")
-
-
 def replayable(policy: DraftLengthPolicy) -> bool:
     """True when every round of `policy` (for tapout: of each arm) has a fixed budget or ends on H(q) alone."""
     parts = policy.arms if isinstance(policy, TapOutPolicy) else [policy]
@@ -254,7 +249,8 @@ def render(results: dict) -> str:
         f"{results['selection']}.",
         f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by {priced}, "
         "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
-        POLICY_STATE_TEXT[policy_state(results)] + f"Traces recorded in {results['trace_seconds']:.0f} s.",
+        POLICY_STATE_TEXT[resolution.replay_policy_state(results)]
+        + f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
     seeds = sorted({r.get("seed", results["seed"]) for r in results["records"]})
     if results.get("round_time_noise"):

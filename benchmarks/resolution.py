@@ -224,10 +224,14 @@ def setting(results: dict) -> dict:
     methods = {m["name"]: (m.get("draft_length_config"), m.get("policy_state", "run")) for m in results["methods"]}
     if "traces" not in results and "round_time_noise" not in results:
         return {"methods": methods}
-    # A replay; files written before --policy-state record only `fresh_per_prompt` (`replay.policy_state`).
-    state = results.get("policy_state") or ("prompt" if results.get("fresh_per_prompt") else "run")
-    return {"methods": methods, "policy_state": state, "costs": _to_9_digits(results.get("costs")),
+    return {"methods": methods, "policy_state": replay_policy_state(results),
+            "costs": _to_9_digits(results.get("costs")),
             **{k: results.get(k) for k in ("round_time_noise", "seed", "seeds")}}
+
+
+def replay_policy_state(results: dict) -> str:
+    """A replay's --policy-state (`benchmarks/replay.py`); files written before it record only `fresh_per_prompt`."""
+    return results.get("policy_state") or ("prompt" if results.get("fresh_per_prompt") else "run")
 
 
 def _to_9_digits(value):

@@ -628,6 +628,9 @@ def test_tapout_arms_carry_their_own_options():
     # The dict round-trips through JSON like every other option, and builds the same arms.
     again = TapOutConfig.from_kwargs(json.loads(json.dumps(config.to_dict())))
     assert again.arms == [options, "svip", "constant:3"] and TapOutPolicy(again).arm_names == policy.arm_names
+    # One policy with other options is another arm (the repeated-arm check compares the built configs).
+    two = TapOutPolicy(TapOutConfig(arms=[options, "cost_aware", "constant:3", "constant:4"]))
+    assert [a.config.calibration_discount for a in two.arms[:2]] == [0.98, CostAwareConfig().calibration_discount]
 
 
 def test_tapout_default_arms_and_blended_reward():
@@ -677,6 +680,10 @@ def test_tapout_default_arms_and_blended_reward():
         ("tapout", {"arms": [{"calibration_discount": 0.98}]}, r"\[\{'calibration_discount': 0.98\}\] are not"),
         ("tapout", {"arms": [{"name": "tapout"}]}, r"tapout cannot be its own arm"),
         ("tapout", {"arms": [{"name": "svip"}, "svip"]}, r"each arm once"),
+        # Spellings of one arm, compared as built: a leading zero, a dict with the length, the length num_tokens gives.
+        ("tapout", {"arms": ["constant:03", "constant:3"]}, r"each arm once \('constant:03' and 'constant:3' build"),
+        ("tapout", {"arms": [{"name": "constant", "num_tokens": 3}, "constant:3"]}, r"each arm once"),
+        ("tapout", {"arms": ["constant", "constant:4"], "num_tokens": 4}, r"each arm once \('constant' and 'constant:4'"),
         ("tapout", {"arms": [3]}, r"`draft_length_kwargs\['arms'\]` = \[3\] .*names from .* or dicts"),
         ("best_constant", {"discount": 0.0}, r"`draft_length_kwargs\['discount'\]` = 0.0 .*\(0, 1\]"),
         ("best_constant", {"cost_ratio": -0.1}, r"`draft_length_kwargs\['cost_ratio'\]` = -0.1 "),

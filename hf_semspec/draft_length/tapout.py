@@ -227,9 +227,10 @@ class TapOutConfig(DraftLengthConfig):
                 "drop round_time, or pass reward='tokens_per_fitted_second'")
         if self.arms is not None:
             self._validate_arm_names()
+        built: dict[tuple, str | dict] = {}  # (policy, its config) → the first arm that builds it
         for arm in self.arms if self.arms is not None else DEFAULT_ARMS:  # each as it will be built, with its length
             try:
-                arm_config(arm, self.num_tokens)
+                config = arm_config(arm, self.num_tokens)
             except SemSpecConfigError as error:
                 length = self.num_tokens or UNSET_LENGTH_FALLBACK
                 raise invalid_value(
@@ -238,6 +239,15 @@ class TapOutConfig(DraftLengthConfig):
                     f"num_assistant_tokens sets, where an arm sets none): {arm!r} gives {error}",
                     "give the arm a length within its policy's limits, or lower num_tokens / num_assistant_tokens",
                 ) from error
+            # Compared as built, so that spellings of one policy ("constant:03" and "constant:3", a dict arm and a
+            # name with the same options) count as the same arm: two identical arms only split its rounds.
+            key = (split_arm(arm)[0], repr(sorted(config.to_dict().items())))
+            if key in built:
+                raise invalid_value(
+                    f"{self.argument_name}['arms']", self.arms,
+                    f"each arm once ({built[key]!r} and {arm!r} build the same policy with the same options)",
+                    "remove the repeated arm")
+            built[key] = arm
 
     def _validate_arm_names(self) -> None:
         label = f"{self.argument_name}['arms']"
@@ -264,8 +274,6 @@ class TapOutConfig(DraftLengthConfig):
                 raise invalid_value(label, self.arms, f"no ':<length>' after {name!r}, which has no length option", fix)
             if not length.isdigit() or int(length) not in ARM_LENGTHS:
                 raise invalid_value(label, self.arms, f"lengths in {ARM_LENGTHS} after ':' ({arm!r} is not)", fix)
-        if len({arm_label(a) for a in self.arms}) != len(self.arms):
-            raise invalid_value(label, self.arms, "each arm once", "remove the repeated arms")
 
 
 @register_policy

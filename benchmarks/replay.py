@@ -281,7 +281,8 @@ def render(results: dict) -> str:
     lines += ["", "## Rounds", "", "τ = new tokens per target forward, over all the prompts" +
               (" and seeds" if len(seeds) > 1 else "") + "; drafted / round = drafted tokens per target forward.", ""]
     lines += round_counts_table(results["methods"], results["records"])
-    lines += resolution.section(results["methods"], results["records"], costs, heading="##")
+    readable = resolution.section(results["methods"], results["records"], costs, heading="##")
+    lines += [""] + readable if readable else []  # a blank line ends the table above, or the heading joins it
     if len(seeds) > 1:
         fixed = {m["name"] for m in results["methods"] if m["draft_length"] == "constant"}
         lines += ["", f"Overall modeled tokens/s over the {len(seeds)} seeds (the fixed lengths do not depend on them):",

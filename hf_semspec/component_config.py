@@ -51,6 +51,16 @@ def _fmt(x: float) -> str:
 _UNION_TYPES = (typing.Union, types.UnionType)
 
 
+def default_of(f: dataclasses.Field) -> Any:
+    """A field's default: `default`, or a fresh `default_factory()` (the way a dataclass gives a list or dict
+    default), or None for a field without one (`field.default` is then the `MISSING` sentinel, not a value)."""
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
 def _describe_type(tp: Any) -> str:
     origin = typing.get_origin(tp)
     if origin in _UNION_TYPES:
@@ -99,7 +109,7 @@ class ComponentConfig:
                 {
                     "name": f.name,
                     "type": _describe_type(hints[f.name]),
-                    "default": f.default,
+                    "default": default_of(f),
                     "allowed": str(allowed) if isinstance(allowed, Range) else (list(allowed) if allowed else None),
                     "help": f.metadata.get("help", ""),
                 }
@@ -144,7 +154,7 @@ class ComponentConfig:
                     field_label,
                     value,
                     f"a value of type {_describe_type(hints[f.name])} ({f.metadata.get('help', '')})",
-                    f"pass e.g. {self.argument_name}={{'{f.name}': {f.default!r}}} (the default)",
+                    f"pass e.g. {self.argument_name}={{'{f.name}': {default_of(f)!r}}} (the default)",
                 )
             allowed_range = f.metadata.get("range")
             if allowed_range is not None and value is not None and value not in allowed_range:
@@ -152,7 +162,7 @@ class ComponentConfig:
                     field_label,
                     value,
                     f"values in {allowed_range} for '{self.component_name}'",
-                    f"choose a value in {allowed_range}; the default is {f.default!r}",
+                    f"choose a value in {allowed_range}; the default is {default_of(f)!r}",
                 )
             choices = f.metadata.get("choices")
             if choices is not None and value not in choices:
@@ -160,7 +170,7 @@ class ComponentConfig:
                     field_label,
                     value,
                     f"one of {list(choices)} for '{self.component_name}'",
-                    f"pass one of {list(choices)}; the default is {f.default!r}",
+                    f"pass one of {list(choices)}; the default is {default_of(f)!r}",
                 )
         self._validate_extra()
 

@@ -114,3 +114,16 @@ def test_field_docs_describe_every_option():
     docs = {row["name"]: row for row in _ToyConfig.field_docs()}
     assert docs["threshold"]["allowed"] == "[0, 1]" and docs["threshold"]["default"] == 0.5
     assert docs["mode"]["allowed"] == ["a", "b"] and docs["seed"]["type"] == "int or None"
+
+
+@dataclass
+class _ListOptionConfig(RuleConfig):
+    component_name = "toy_with_a_list"
+    ids: list = field(default_factory=lambda: [1, 2], metadata={"help": "token ids"})
+
+
+def test_a_default_factory_is_shown_as_its_value():
+    # field.default is the MISSING sentinel for such a field: docs and errors must show the factory's value.
+    assert _ListOptionConfig.field_docs()[0]["default"] == [1, 2]
+    with pytest.raises(SemSpecConfigError, match=r"Fix: pass e.g. acceptance_kwargs=\{'ids': \[1, 2\]\} \(the default\)"):
+        _ListOptionConfig.from_kwargs({"ids": "x"})

@@ -432,6 +432,36 @@ def test_empty_corpus(draft_model, tokenizer, corpus):
         prune_vocabulary(draft_model, tokenizer, corpus, keep=20)
 
 
+@pytest.mark.parametrize(
+    "keep_ids, message",
+    [
+        ([5.7, 9.2], r"`keep_ids` = '2 items, among them \[5.7, 9.2\]' .*allowed integer token ids"),  # not truncated
+        ([True, 9], r"among them \[True\]"),
+        ([[5, 6], [7]], r"allowed integer token ids"),
+        (torch.tensor(9), r"`keep_ids` = 'a 0-D torch.int64 tensor' .*allowed a 1-D integer tensor"),
+        (torch.tensor([5.0, 9.0]), r"'a 1-D torch.float32 tensor'"),
+        ("59", r"`keep_ids` = '59' .*allowed a list or 1-D integer tensor"),
+    ],
+)
+def test_keep_ids_must_be_integer_ids(draft_model, tokenizer, keep_ids, message):
+    with pytest.raises(SemSpecConfigError, match=message):
+        prune_vocabulary(draft_model, tokenizer, keep_ids=keep_ids)
+
+
+def test_keep_ids_take_any_iterable_of_ints(draft_model, tokenizer):
+    expected = sorted(SPECIALS + [9, 12])
+    for keep_ids in ({12, 9}, (i for i in (9, 12)), torch.tensor([12, 9], dtype=torch.int32), range(9, 13, 3)):
+        assert prune_vocabulary(draft_model, tokenizer, keep_ids=keep_ids).kept_token_ids.tolist() == expected
+
+
+@pytest.mark.parametrize("counted", [{"corpus": ["dog"]}, {"calibration_prompts": ["dog"]}])
+def test_keep_ids_refuse_what_only_keep_counts(draft_model, tokenizer, counted):
+    # They were ignored: the card said "explicit" and nothing told the user the corpus went unread.
+    name = next(iter(counted))
+    with pytest.raises(SemSpecConfigError, match=rf"`keep_ids` = 'given with {name}' .*Fix: drop {name}"):
+        prune_vocabulary(draft_model, tokenizer, keep_ids=[5], **counted)
+
+
 def test_missing_corpus_and_bad_files(tmp_path, draft_model, tokenizer):
     with pytest.raises(SemSpecConfigError, match=r"`corpus` = None .*and/or calibration_prompts when keep is given"):
         prune_vocabulary(draft_model, tokenizer, keep=20)

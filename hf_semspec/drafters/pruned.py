@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import json
 import logging
+import numbers
 import os
 import pathlib
 import re
@@ -548,6 +549,24 @@ def _check_against_base(model: torch.nn.Module, drafter: PrunedVocabDrafter) -> 
         )
 
 
+def _keep_ids_tensor(keep_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
+    """`keep_ids` as a 1-D long tensor; integers only (a float id would be truncated to another token)."""
+    fix = "pass a list or 1-D integer tensor of token ids, e.g. keep_ids=[5, 9]"
+    if isinstance(keep_ids, torch.Tensor):
+        integer = not (keep_ids.dtype == torch.bool or keep_ids.is_floating_point() or keep_ids.is_complex())
+        if keep_ids.dim() != 1 or not integer:
+            raise invalid_value("keep_ids", f"a {keep_ids.dim()}-D {keep_ids.dtype} tensor", "a 1-D integer tensor",
+                                fix + " (an integer tensor of token ids of another shape: keep_ids=ids.flatten())")
+        return keep_ids.to(torch.long)
+    if isinstance(keep_ids, (str, bytes)) or not hasattr(keep_ids, "__iter__"):
+        raise invalid_value("keep_ids", keep_ids, "a list or 1-D integer tensor of token ids", fix)
+    ids = list(keep_ids)
+    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
+    if bad:
+        raise invalid_value("keep_ids", f"{len(ids)} items, among them {bad[:3]!r}", "integer token ids", fix)
+    return torch.tensor([int(i) for i in ids], dtype=torch.long)
+
+
 def prune_vocabulary(
     model: torch.nn.Module,
     tokenizer: Any,
@@ -586,7 +605,8 @@ def prune_vocabulary(
             `question`/`answer`, chat `messages`), or a list of texts (`str`) and/or paths (`pathlib.Path`).
         keep (`int` or `float`): K as a number of tokens (special tokens included), or as a fraction in (0, 1] of
             the vocabulary.
-        keep_ids: explicit ids to keep instead of `keep` (no corpus needed).
+        keep_ids (`list[int]` or 1-D integer `torch.Tensor`): explicit ids to keep instead of `keep` (neither a
+            corpus nor calibration prompts, which only a `keep` counts).
         corpus_label (`str`, *optional*): how the saved config and model card describe the corpus.
         calibration_prompts (`list[str]`, *optional*): prompts whose greedy continuations are counted too.
         calibration_model (*optional*): the model generating them (default: `model`; the target is another choice).
@@ -653,7 +673,14 @@ def prune_vocabulary(
             "pass keep=32768 (or keep=0.25) with a corpus, or keep_ids=[...]",
         )
     if keep_ids is not None:
-        ids = torch.as_tensor(keep_ids, dtype=torch.long).flatten() if len(keep_ids) else torch.zeros(0, dtype=torch.long)
+        if corpus is not None or calibration_prompts is not None:
+            given = [name for name, value in (("corpus", corpus), ("calibration_prompts", calibration_prompts))
+                     if value is not None]
+            raise invalid_value(
+                "keep_ids", "given with " + " and ".join(given), "keep_ids alone: explicit ids are kept as they are, "
+                "nothing is counted", f"drop {' and '.join(given)}, or pass keep=... instead of keep_ids to count them",
+            )
+        ids = _keep_ids_tensor(keep_ids)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):
             raise invalid_value(
                 "keep_ids", f"ids in [{int(ids.min())}, {int(ids.max())}]", f"ids in [0, {vocab_size})", "drop them"

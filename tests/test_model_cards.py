@@ -4,6 +4,7 @@ every registered rule and policy with every option; a pruned drafter's card carr
 from __future__ import annotations
 
 import json
+import shutil
 from dataclasses import dataclass, field
 
 import pytest
@@ -101,7 +102,20 @@ def test_license_and_base_model_inherited_from_the_base_models_folder(tmp_path, 
 
 
 def test_templates_location(monkeypatch, tmp_path):
-    assert (template_dir() / "pruned_drafter.md").is_file()
+    shipped = template_dir()
+    assert (shipped / "pruned_drafter.md").is_file()
     monkeypatch.setenv(TEMPLATE_DIR_ENV, str(tmp_path))
-    with pytest.raises(FileNotFoundError, match=r"templates are not in .*Fix: "):
+    with pytest.raises(FileNotFoundError, match=r"templates \['pruned_drafter.md', 'custom_generate.md'\] are not in .*Fix: "):
         render_custom_generate_card()
+    # A folder of one's own templates: each must be there, and each $ a placeholder the renderer fills, or $$.
+    shutil.copy(shipped / "pruned_drafter.md", tmp_path)
+    with pytest.raises(FileNotFoundError, match=r"templates \['custom_generate.md'\] are not in "):
+        render_custom_generate_card()
+    original = (shipped / "custom_generate.md").read_text(encoding="utf-8")
+    for added, message in (("Hosting costs $5 a month.", r"custom_generate.md: Invalid placeholder .*Fix: write \$\$"),
+                           ("See $homepage.", r"has the placeholder \$homepage, which is not one of \[.*'version'\]")):
+        (tmp_path / "custom_generate.md").write_text(original + added, encoding="utf-8")
+        with pytest.raises(ValueError, match=message):
+            render_custom_generate_card()
+    (tmp_path / "custom_generate.md").write_text(original + "Hosting costs $$5 a month.", encoding="utf-8")
+    assert render_custom_generate_card().endswith("Hosting costs $5 a month.")

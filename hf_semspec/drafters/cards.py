@@ -35,18 +35,27 @@ def template_dir() -> pathlib.Path:
     override = os.environ.get(TEMPLATE_DIR_ENV)
     # The repository's model_cards/ folder is installed as the package data `hf_semspec.model_cards` (setup.cfg).
     folder = pathlib.Path(override) if override else pathlib.Path(str(resources.files("hf_semspec.model_cards")))
-    if not (folder / PRUNED_DRAFTER_TEMPLATE).is_file():
+    missing = [name for name in (PRUNED_DRAFTER_TEMPLATE, CUSTOM_GENERATE_TEMPLATE) if not (folder / name).is_file()]
+    if missing:
         raise FileNotFoundError(
-            f"hf_semspec's model-card templates are not in {folder}. Fix: reinstall hf_semspec (the templates ship "
-            f"in the package), or set ${TEMPLATE_DIR_ENV} to a folder holding {PRUNED_DRAFTER_TEMPLATE} and "
-            f"{CUSTOM_GENERATE_TEMPLATE}."
+            f"hf_semspec's model-card templates {missing} are not in {folder}. Fix: reinstall hf_semspec (the "
+            f"templates ship in the package), or set ${TEMPLATE_DIR_ENV} to a folder holding {PRUNED_DRAFTER_TEMPLATE} "
+            f"and {CUSTOM_GENERATE_TEMPLATE}."
         )
     return folder
 
 
 def _render(template_name: str, values: dict[str, Any]) -> str:
-    text = (template_dir() / template_name).read_text(encoding="utf-8")
-    return string.Template(text).substitute({k: str(v) for k, v in values.items()})
+    path = template_dir() / template_name
+    try:
+        return string.Template(path.read_text(encoding="utf-8")).substitute({k: str(v) for k, v in values.items()})
+    except KeyError as err:  # a $name the renderer does not fill
+        raise ValueError(
+            f"The model-card template {path} has the placeholder ${err.args[0]}, which is not one of "
+            f"{sorted(values)}. Fix: use one of those, or write $$ for a literal $."
+        ) from err
+    except ValueError as err:  # a $ followed by neither a name nor $, e.g. "$5"
+        raise ValueError(f"The model-card template {path}: {err}. Fix: write $$ for a literal $.") from err
 
 
 def parse_and_check_card(text: str, required: tuple[str, ...] = REQUIRED_METADATA):

@@ -8,9 +8,10 @@ criteria, set `max_length`, created the target's cache and streamed the prompt �
     2. run the target once over the tokens it has not seen plus the γ drafts (γ + 1 logits);
     3. apply the logits processors position by position;
     4. verify with the acceptance rule (a pure function of logits and ids);
-    5. one host sync: the accepted count and the emitted tokens, cut at EOS and at `max_length`; the
-       draft-length policy learns from the round;
-    6. append, stream, roll both caches back to the accepted prefix;
+    5. one host sync: the accepted count and the emitted tokens, cut at EOS, at `max_length` and where another
+       stopping criterion fires (each checked after each token, as plain decoding does); the draft-length policy
+       learns from the round;
+    6. append, stream, roll both caches back to the output (the last token is not cached yet);
     7. record outputs and decide whether to stop.
 """
 
@@ -71,11 +72,22 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
             "None or 1 with an acceptance rule (classifier-free guidance re-runs the model one token at a time)",
             "remove guidance_scale, or drop assistant_model",
         )
-    if generation_config.cache_implementation is not None:
+    # Other decoding methods, which transformers would run, and ignores once a decoding loop is passed to it.
+    other_methods = {
+        "penalty_alpha": "contrastive search",
+        "dola_layers": "DoLa decoding",
+        "prompt_lookup_num_tokens": "prompt-lookup drafting (the drafts here are assistant_model's)",
+    }
+    for field, method in other_methods.items():
+        value = getattr(generation_config, field, None)
+        if value is not None:
+            raise invalid_value(field, value, f"None with an acceptance rule ({method} is another decoding method)",
+                                f"remove {field}, or drop assistant_model and acceptance for {method.split(' (')[0]}")
+    if generation_config.cache_implementation not in (None, "dynamic"):
         raise invalid_value(
             "cache_implementation",
             generation_config.cache_implementation,
-            "None (a DynamicCache, which can be rolled back after rejections)",
+            "None or 'dynamic' (a DynamicCache, which can be rolled back after rejections)",
             "remove cache_implementation",
         )
     if input_ids.shape[0] != 1:
@@ -90,19 +102,45 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
     rule.check_decoding_mode(bool(generation_config.do_sample))
 
 
-def _split_stopping_criteria(stopping_criteria: StoppingCriteriaList) -> tuple[set[int], StoppingCriteriaList]:
-    """EOS ids (handled on the host from the emitted tokens) and the criteria that must be called on the sequence.
+def _split_stopping_criteria(
+    stopping_criteria: StoppingCriteriaList, max_length: int
+) -> tuple[set[int], int, StoppingCriteriaList]:
+    """EOS ids (handled on the host from the emitted tokens), the length to stop at, and the criteria that must be
+    called on the sequence.
 
-    `MaxLengthCriteria` is enforced by capping γ and cutting the emitted tokens, so it needs no call either.
+    `MaxLengthCriteria` is enforced by capping γ and cutting the emitted tokens, so it needs no call: the length is
+    the smallest of `max_length` and those of the `MaxLengthCriteria` in the list (transformers adds one for
+    `max_length` and keeps a user's, which then takes precedence).
     """
     eos_ids: set[int] = set()
     others = StoppingCriteriaList()
     for criterion in stopping_criteria:
         if isinstance(criterion, EosTokenCriteria):
             eos_ids.update(criterion.eos_token_id.flatten().tolist())
-        elif not isinstance(criterion, MaxLengthCriteria):
+        elif isinstance(criterion, MaxLengthCriteria):
+            max_length = min(max_length, criterion.max_length)
+        else:
             others.append(criterion)
-    return eos_ids, others
+    return eos_ids, max_length, others
+
+
+def _first_stop(
+    criteria: StoppingCriteriaList, input_ids: torch.LongTensor, new_tokens: torch.LongTensor, scores: tuple | None,
+    processed: torch.FloatTensor,
+) -> int | None:
+    """The first `i` such that `criteria` fire on the sequence through `new_tokens[:, i]`, or None.
+
+    Plain decoding calls the criteria after every token, so a criterion that reads the end of the sequence (a stop
+    string, "the last token is X") must see each prefix, not only the round's last one. `scores` is what plain
+    decoding passes: the processed scores so far when they are recorded, else None.
+    """
+    if len(criteria) == 0:
+        return None
+    for i in range(new_tokens.shape[1]):
+        so_far = None if scores is None else scores + tuple(processed[:, j] for j in range(i + 1))
+        if bool(criteria(torch.cat([input_ids, new_tokens[:, : i + 1]], dim=1), so_far).all()):
+            return i
+    return None
 
 
 def _unmanaged_forward_kwargs(model_kwargs: dict) -> dict:
@@ -181,8 +219,9 @@ def speculative_decode(
     forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
     target_supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
     do_sample = bool(generation_config.do_sample)
-    max_length = generation_config.max_length
-    eos_ids, called_stopping_criteria = _split_stopping_criteria(stopping_criteria)
+    eos_ids, max_length, called_stopping_criteria = _split_stopping_criteria(
+        stopping_criteria, generation_config.max_length
+    )
     drafter = ModelDrafter(
         assistant_model,
         logits_processor,
@@ -237,7 +276,8 @@ def speculative_decode(
         )
 
         # 5. The round's one host sync: accepted count, next token and drafts, to cut at EOS / max_length (and the
-        #    drafts that passed the rule's own test, for a draft-length policy, when the rule has a deferred window).
+        #    drafts that passed the rule's own test, for a draft-length policy, when the rule has a deferred window);
+        #    then other stopping criteria, on each prefix (calling them is the user's cost, only when given).
         matched = [] if result.num_matched is None else [result.num_matched]
         synced = torch.cat([result.num_accepted, result.next_token, *matched, candidates[0, length:]]).tolist()
         num_accepted, next_token = synced[0], synced[1]
@@ -250,8 +290,13 @@ def speculative_decode(
             keep = eos_at + 1
         new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
         new_tokens = new_tokens[:, :keep]
-        # The policy learns from what the round delivered: drafts after an EOS are not output, so they do not count
-        # as accepted, even where the target agrees with them (the round's tokens are then `keep`, not accepted + 1).
+        stop_at = _first_stop(called_stopping_criteria, input_ids, new_tokens, scores, processed)
+        if stop_at is not None:
+            keep = stop_at + 1
+            new_tokens = new_tokens[:, :keep]
+        # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they do
+        # not count as accepted, even where the target agrees with them (the round's tokens are then `keep`, not
+        # accepted + 1).
         draft_length.observe(
             RoundOutcome(
                 gamma, min(num_accepted, keep), time.perf_counter() - round_start,
@@ -260,23 +305,23 @@ def speculative_decode(
             )
         )
 
-        # 6. Append, stream, and roll both caches back to the accepted prefix (the next token is not cached yet).
+        # 6. Append, stream, and roll both caches back to the output but its last token, which is not cached yet: the
+        #    accepted prefix, or less where the round was cut (what a continuation from past_key_values expects).
         input_ids = torch.cat([input_ids, new_tokens], dim=1)
         if attention_mask is not None:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(1, keep)], dim=1)
         if streamer is not None:
             streamer.put(new_tokens.cpu())
-        target_cache.crop(-(target_cache.get_seq_length() - (length + num_accepted)))
-        drafter.rollback(length + num_accepted)
+        num_cached = length + keep - 1  # = length + num_accepted unless the round was cut
+        target_cache.crop(-(target_cache.get_seq_length() - num_cached))
+        drafter.rollback(num_cached)
 
         # 7. Outputs and stopping.
         if scores is not None:
             scores += tuple(processed[:, i] for i in range(keep))
         if raw_logits is not None:
             raw_logits += tuple(target_logits[:, i] for i in range(keep))
-        finished = eos_at is not None or input_ids.shape[1] >= max_length
-        if not finished and len(called_stopping_criteria) > 0:
-            finished = bool(called_stopping_criteria(input_ids, scores).all())
+        finished = eos_at is not None or stop_at is not None or input_ids.shape[1] >= max_length
 
     if streamer is not None:
         streamer.end()

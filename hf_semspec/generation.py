@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import logging
@@ -13,7 +14,8 @@ from typing import Any
 
 import torch
 from huggingface_hub import try_to_load_from_cache
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StoppingCriteriaList
+from transformers.generation import StopStringCriteria
 
 from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
 from .decoding import speculative_decode
@@ -62,6 +64,42 @@ def _resolve_component(
 
 def _first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
+
+
+def _stop_strings_as_criteria(
+    kwargs: dict, generation_config: GenerationConfig | None, model: torch.nn.Module, stopping_criteria
+) -> tuple[StoppingCriteriaList | None, GenerationConfig | None]:
+    """The stopping criteria with a `StopStringCriteria` for `stop_strings` (from the call, else the passed or the
+    model's generation config), and the generation config to hand transformers; pops `tokenizer` from `kwargs`.
+
+    transformers builds that criterion from `generate(tokenizer=...)`, but for a `custom_generate` callable (our
+    loop) it drops the tokenizer first, then fails with "could not locate a tokenizer". So the criterion is built
+    here, and transformers is handed `stop_strings=None`. `token_healing` needs the tokenizer the same way.
+    """
+    tokenizer = kwargs.pop("tokenizer", None)
+    passed = generation_config if generation_config is not None else GenerationConfig()
+    token_healing = _first_set(kwargs.get("token_healing"), passed.token_healing, model.generation_config.token_healing)
+    if token_healing:
+        raise invalid_value(
+            "token_healing", token_healing, "False with an acceptance rule",
+            "heal the prompt first (input_ids = model.heal_tokens(input_ids, tokenizer)), then generate without it",
+        )
+    from_call, from_config = kwargs.get("stop_strings"), passed.stop_strings
+    stop_strings = _first_set(from_call, from_config, model.generation_config.stop_strings)
+    if stop_strings is None:
+        return stopping_criteria, generation_config
+    if tokenizer is None:
+        raise invalid_value(
+            "tokenizer", None, f"the target's tokenizer with stop_strings={stop_strings!r} (they are matched on its "
+            "token strings)", "pass tokenizer=<the target's tokenizer> to generate()",
+        )
+    criteria = StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
+    if from_call is None and from_config is not None:
+        generation_config = copy.deepcopy(generation_config)
+        generation_config.stop_strings = None
+    else:  # from the call, or from the model's config (then a passed config has none: its None would be filled)
+        kwargs["stop_strings"] = None
+    return criteria, generation_config
 
 
 def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationConfig | None, model) -> int | None:
@@ -353,6 +391,10 @@ def generate(
         raise invalid_value(
             "inputs_embeds", "a tensor", "input_ids only with an acceptance rule", "pass input_ids instead"
         )
+
+    stock_arguments["stopping_criteria"], stock_arguments["generation_config"] = _stop_strings_as_criteria(
+        kwargs, generation_config, model, stopping_criteria
+    )
 
     # 2. Build and validate everything before transformers prepares the inputs.
     rule = RULES.build(rule_name, rule_kwargs)

@@ -86,6 +86,22 @@ def attached(target):
     hf_semspec.detach(target)
 
 
+def tiny_tokenizer():
+    """A tokenizer over the tiny models' ids, for what needs one (stop strings): id i > 3 is a distinct two-letter
+    word ("aa", "ab", ...), so a stop string of one token's word ends the text only where that token does.
+    (transformers' StopStringCriteria reads each token's text by decoding it after "abcdef": that must round-trip.)"""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<pad>", "<s>", "<unk>", "</s>"] + [chr(97 + i // 26) + chr(97 + i % 26) for i in range(VOCAB - 4)]
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Split(Regex(".."), behavior="isolated")  # "abcdef" → ab, cd, ef
+    backend.decoder = decoders.Fuse()  # and back, without spaces
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
+
+
 def prompt(length: int = 8, seed: int = 0) -> torch.LongTensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, VOCAB, (1, length), generator=g)

@@ -111,6 +111,27 @@ def test_static_cache(no_forward):
         generate(no_forward, acceptance="exact", cache_implementation="static")
 
 
+@pytest.mark.parametrize(
+    "given, message",
+    [
+        ({"penalty_alpha": 0.6, "top_k": 4}, r"`penalty_alpha` = 0.6 .*None with an acceptance rule \(contrastive search"),
+        ({"dola_layers": "low"}, r"`dola_layers` = 'low' .*\(DoLa decoding is another"),
+        ({"prompt_lookup_num_tokens": 3}, r"`prompt_lookup_num_tokens` = 3 .*the drafts here are assistant_model's"),
+    ],
+)
+def test_other_decoding_methods_are_not_silently_dropped(no_forward, given, message):
+    # transformers ignores them once a decoding loop is passed to it: greedy decoding would run instead.
+    with pytest.raises(SemSpecConfigError, match=message):
+        generate(no_forward, acceptance="exact", **given)
+
+
+def test_token_healing_and_stop_strings_without_a_tokenizer(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`token_healing` = True .*Fix: heal the prompt first"):
+        generate(no_forward, acceptance="exact", token_healing=True)
+    with pytest.raises(SemSpecConfigError, match=r"`tokenizer` = None .*stop_strings=\['x'\].*Fix: pass tokenizer="):
+        generate(no_forward, acceptance="exact", stop_strings=["x"])
+
+
 @pytest.mark.parametrize("in_generation_config", [False, True])
 def test_assistant_confidence_threshold_is_not_silently_dropped(no_forward, in_generation_config):
     given = {"assistant_confidence_threshold": 0.4}

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama
+from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama, tiny_tokenizer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers.generation import MaxLengthCriteria
 from transformers.generation.streamers import BaseStreamer
 
 import hf_semspec
@@ -209,21 +210,101 @@ def test_streamer_receives_prompt_then_every_new_token(attached, close_draft):
     assert len(recorder.chunks) > 2  # several rounds
 
 
-def test_custom_stopping_criteria_are_called(attached, close_draft):
-    class StopAfter(StoppingCriteria):
-        def __init__(self, length):
-            self.length = length
+class StopAfter(StoppingCriteria):
+    def __init__(self, length):
+        self.length = length
+        self.calls = []
 
-        def __call__(self, input_ids, scores, **kwargs):
-            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls.append(input_ids.shape[1])
+        return torch.full((input_ids.shape[0],), input_ids.shape[1] >= self.length, dtype=torch.bool)
 
+
+class StopAtToken(StoppingCriteria):
+    """Fires when the last token is `token`: only a check after each token sees it."""
+
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_custom_stopping_criteria_stop_where_plain_decoding_stops(attached, close_draft):
     ids = prompt(8)
+    stop = StopAfter(ids.shape[1] + 7)
     out = attached.generate(
         ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=4, max_new_tokens=40,
-        min_new_tokens=40, stopping_criteria=StoppingCriteriaList([StopAfter(ids.shape[1] + 7)]),
+        min_new_tokens=40, stopping_criteria=StoppingCriteriaList([stop]),
     )
-    # Rounds emit 5 tokens with draft == target: the criterion fires after the round that passes length 15.
-    assert out.shape[1] == ids.shape[1] + 10
+    # Rounds emit 5 tokens (draft == target); the criterion is called after each of them, as in plain decoding,
+    # so the second round is cut after its 2nd token, not at the round's end (length 18).
+    assert out.shape[1] == ids.shape[1] + 7 and stop.calls == list(range(ids.shape[1] + 1, ids.shape[1] + 8))
+    generated = plain_greedy(attached, ids, max_new_tokens=30)[0, ids.shape[1] :].tolist()
+    criteria = {"length": lambda: StopAfter(ids.shape[1] + 7), "token": lambda: StopAtToken(generated[8])}
+    for name, make in criteria.items():
+        for draft in (attached, close_draft):
+            ours = attached.generate(ids, assistant_model=draft, acceptance="exact", num_assistant_tokens=6,
+                                     max_new_tokens=30, stopping_criteria=StoppingCriteriaList([make()]))
+            plain = plain_greedy(attached, ids, max_new_tokens=30, stopping_criteria=StoppingCriteriaList([make()]))
+            assert plain.shape[1] < ids.shape[1] + 30 and torch.equal(ours, plain), name
+
+
+def test_a_max_length_criterion_given_by_the_user_takes_precedence(attached):
+    ids = prompt(8)
+    criteria = StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + 4)])
+    ours = attached.generate(ids, assistant_model=attached, acceptance="exact", max_new_tokens=30,
+                             stopping_criteria=criteria)
+    assert ours.shape[1] == ids.shape[1] + 4
+    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=30, stopping_criteria=criteria))
+
+
+@pytest.mark.parametrize("where", ["call", "generation_config", "model"])
+def test_stop_strings_stop_where_plain_decoding_stops(attached, close_draft, where):
+    tokenizer = tiny_tokenizer()
+    ids = prompt(8)
+    generated = plain_greedy(attached, ids, max_new_tokens=30)[0, ids.shape[1] :].tolist()
+    stop_strings = [tokenizer.convert_ids_to_tokens(generated[6])]  # a token inside the second round
+    plain = plain_greedy(attached, ids, max_new_tokens=30, stop_strings=stop_strings, tokenizer=tokenizer)
+    assert plain.shape[1] < ids.shape[1] + 30
+    given = {"call": {"stop_strings": stop_strings}, "model": {},
+             "generation_config": {"generation_config": GenerationConfig(stop_strings=stop_strings, max_new_tokens=30)}}
+    if where == "model":
+        attached.generation_config.stop_strings = stop_strings
+    try:
+        ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=5,
+                                 tokenizer=tokenizer, **{"max_new_tokens": 30, **given[where]})
+    finally:
+        attached.generation_config.stop_strings = None
+    assert torch.equal(ours, plain)
+
+
+@pytest.mark.parametrize("cut", ["eos", "max_new_tokens", "criterion"])
+def test_returned_cache_ends_where_the_output_does(attached, cut):
+    # A round cut inside its accepted drafts must not leave their keys and values in past_key_values: a follow-up
+    # call that reuses the cache would read tokens the output does not have.
+    ids = prompt(8)
+    generated = plain_greedy(attached, ids, max_new_tokens=40)[0, ids.shape[1] :].tolist()
+    stop = generated[10]
+    limits = {
+        "eos": {"eos_token_id": stop, "pad_token_id": 0, "max_new_tokens": 30},
+        "max_new_tokens": {"max_new_tokens": 11},
+        "criterion": {"stopping_criteria": StoppingCriteriaList([StopAfter(ids.shape[1] + 11)]), "max_new_tokens": 30},
+    }[cut]
+    ours = attached.generate(ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=8,
+                             return_dict_in_generate=True, **limits)
+    sequences = ours.sequences
+    assert sequences.shape[1] < ids.shape[1] + 30
+    assert ours.past_key_values.get_seq_length() == sequences.shape[1] - 1  # as plain decoding leaves it
+    again = plain_greedy(attached, sequences, past_key_values=ours.past_key_values, max_new_tokens=5)
+    assert torch.equal(again, plain_greedy(attached, sequences, max_new_tokens=5))
+
+
+def test_dynamic_cache_implementation_is_the_loops_own(attached, close_draft):
+    ids = prompt(8)
+    ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=20,
+                             cache_implementation="dynamic")
+    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=20))
 
 
 def test_bf16_draft_with_fp32_target(attached, close_draft):

@@ -134,7 +134,7 @@ _SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heurist
 # the draft model alone, whatever the target). A call that finds its policy in use by another call (another thread)
 # gets a fresh one, not kept.
 _KEPT_POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
-_POLICIES_IN_USE: set[int] = set()  # id() of the kept policies that a call is decoding with
+_POLICIES_IN_USE: set[int] = set()  # id() of the policies (kept, or instances passed) that a call is decoding with
 _KEPT_POLICIES_LOCK = threading.Lock()
 
 
@@ -186,7 +186,7 @@ def _build_draft_length_policy(
     across calls), else transformers' `num_assistant_tokens_schedule`, else `constant`. `num_assistant_tokens`
     sets the policy's length field (its fixed, initial or maximum length). A policy that
     `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is kept per models, rule and
-    options (`_kept_policy`): release it after the call."""
+    options (`_kept_policy`). An instance, or a kept policy, is marked in use: release it after the call."""
     if isinstance(call_name, DraftLengthPolicy):
         if call_kwargs is not None:
             raise invalid_value(
@@ -203,6 +203,15 @@ def _build_draft_length_policy(
                 f"set the length in the instance's config ({type(call_name.config).__name__}"
                 + (f"({call_name.length_field}=...)" if call_name.length_field else "") + ")",
             )
+        with _KEPT_POLICIES_LOCK:  # a policy keeps the round it is deciding on the instance: one call at a time
+            if id(call_name) in _POLICIES_IN_USE:
+                raise invalid_value(
+                    "draft_length", f"a {type(call_name).__name__} instance that another generate() call is using",
+                    "an instance used by one call at a time (two calls would mix their rounds in its state)",
+                    "give each thread its own instance, or pass the policy's name (a policy kept by name is never "
+                    "shared by two calls at once)",
+                )
+            _POLICIES_IN_USE.add(id(call_name))
         return call_name
     name, options, _ = _resolve_component(
         call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config

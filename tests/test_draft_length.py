@@ -311,6 +311,29 @@ def test_a_call_while_the_kept_policy_is_in_use_gets_a_fresh_one(attached, close
     assert len(_LearningPolicy.instances) == 2 and len(kept.outcomes) > outer.acceptance_stats.num_target_forwards
 
 
+def test_an_instance_in_use_by_another_call_is_refused_then_freed(attached, close_draft, learning_registered):
+    # Two calls would interleave their rounds in the instance's per-round state (a thread, or a nested call).
+    policy = _LearningPolicy(_LearningConfig(stop_after=3, cap=4))
+    refused = []
+
+    def nested():
+        with pytest.raises(SemSpecConfigError, match=r"`draft_length` = 'a _LearningPolicy instance that another "
+                           r"generate\(\) call is using'.*Fix: give each thread its own instance"):
+            generate(attached, close_draft, draft_length=policy)
+        refused.append(True)
+
+    _LearningPolicy.nested_call = nested
+    outer = generate(attached, close_draft, draft_length=policy)
+    assert refused == [True] and len(policy.outcomes) == outer.acceptance_stats.num_target_forwards
+    again = generate(attached, close_draft, draft_length=policy)  # freed when the call ended
+    assert len(policy.outcomes) == (outer.acceptance_stats.num_target_forwards
+                                    + again.acceptance_stats.num_target_forwards)
+    _LearningPolicy.fail_once = True
+    with pytest.raises(RuntimeError, match="round failed"):
+        generate(attached, close_draft, draft_length=policy)
+    generate(attached, close_draft, draft_length=policy)  # and when a call failed
+
+
 def test_a_failed_call_frees_its_kept_policy(attached, close_draft, learning_registered):
     _LearningPolicy.fail_once = True
     with pytest.raises(RuntimeError, match="round failed"):

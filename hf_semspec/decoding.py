@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
-from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 from transformers.generation import EosTokenCriteria, GenerateDecoderOnlyOutput, MaxLengthCriteria
 
 from .draft_length import DraftLengthPolicy, RoundOutcome
@@ -214,6 +214,12 @@ def speculative_decode(
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     check_generation_config(generation_config, input_ids, rule)
     target_cache = model_kwargs["past_key_values"]
+    if not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
+        raise invalid_value(
+            "past_key_values", type(target_cache).__name__,
+            "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one)",
+            "pass past_key_values=DynamicCache(...) or leave it out",
+        )
     target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
     attention_mask = model_kwargs.get("attention_mask")
     forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)

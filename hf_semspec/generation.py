@@ -219,6 +219,8 @@ def _build_draft_length_policy(
     schedule = _first_set(
         kwargs.get("num_assistant_tokens_schedule"), getattr(generation_config, "num_assistant_tokens_schedule", None)
     )
+    if schedule is None and name is None:  # the model's default schedule, where no policy is named anywhere
+        schedule = model.generation_config.num_assistant_tokens_schedule
     if schedule is not None and (schedule not in _SCHEDULE_POLICIES or (name is not None and _SCHEDULE_POLICIES[schedule] != name)):
         raise invalid_value(
             "num_assistant_tokens_schedule",
@@ -333,7 +335,9 @@ def generate(
             length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`);
-            default: the rule's `default_num_draft_tokens`. Not with a policy instance, whose config sets it.
+            default: the rule's `default_num_draft_tokens` for a fixed or initial length, the policy's own cap for
+            one that stops per token (`svip`, `adaedl`, `cost_aware`). Not with a policy instance, whose config sets
+            it.
         All other arguments: as `transformers.GenerationMixin.generate`.
 
     Returns:

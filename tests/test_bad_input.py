@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import prompt, tiny_llama
-from transformers import GenerationConfig
+from transformers import GenerationConfig, StaticCache
 
 import hf_semspec
 from hf_semspec import SemSpecConfigError
@@ -109,6 +109,9 @@ def test_empty_max_new_tokens(no_forward, value):
 def test_static_cache(no_forward):
     with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
         generate(no_forward, acceptance="exact", cache_implementation="static")
+    target, _ = no_forward
+    with pytest.raises(SemSpecConfigError, match=r"`past_key_values` = 'StaticCache' .*allowed a DynamicCache"):
+        generate(no_forward, acceptance="exact", past_key_values=StaticCache(config=target.config, max_cache_len=32))
 
 
 @pytest.mark.parametrize(

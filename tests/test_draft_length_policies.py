@@ -799,6 +799,24 @@ def test_heuristic_schedule_carries_its_length_over_like_transformers(attached, 
     assert len(second.drafted_per_position) == (8 if carries_over else 4)
 
 
+def test_heuristic_schedule_in_the_models_generation_config(attached):
+    # As num_assistant_tokens and draft_length are, the schedule is read from the model's config too, where no
+    # policy is named; a policy named in the call wins over the model's default schedule.
+    from conftest import tiny_llama
+
+    draft = tiny_llama(seed=0)
+    kwargs = dict(assistant_model=draft, acceptance="exact", max_new_tokens=12, min_new_tokens=12,
+                  num_assistant_tokens=2, return_dict_in_generate=True)
+    attached.generation_config.num_assistant_tokens_schedule = "heuristic_transient"
+    try:
+        grown = attached.generate(prompt(8), **kwargs).acceptance_stats
+        fixed = attached.generate(prompt(8), draft_length="constant", **kwargs).acceptance_stats
+    finally:
+        attached.generation_config.num_assistant_tokens_schedule = None
+    assert len(grown.drafted_per_position) == 4  # rounds of 2, 4, then 3: the heuristic's growth
+    assert len(fixed.drafted_per_position) == 2
+
+
 def test_heuristic_schedule_is_kept_per_target_and_rule_and_not_shared_by_a_concurrent_call(attached):
     """As above, every round is accepted, so the length grows by 2 after each round; a round drafts at most one token
     less than the tokens left. The length the 'heuristic' schedule reached goes on only with the same target, draft

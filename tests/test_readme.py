@@ -23,3 +23,13 @@ def test_readme_has_exactly_two_setup_commands():
 def test_ci_runs_the_readme_test_command_verbatim():
     ci_lines = (ROOT / ".ci" / "run").read_text().splitlines()
     assert setup_commands()[1] in ci_lines
+
+
+def test_readme_states_the_per_token_policies_caps():
+    from hf_semspec.draft_length.adaedl import AdaEDLConfig
+    from hf_semspec.draft_length.cost_aware import CostAwareConfig
+    from hf_semspec.draft_length.svip import SVIPConfig
+
+    readme = " ".join((ROOT / "README.md").read_text().split())  # one line: the sentence may wrap
+    assert SVIPConfig().max_tokens == AdaEDLConfig().max_tokens
+    assert f"(`svip`, `adaedl` {SVIPConfig().max_tokens}, `cost_aware` {CostAwareConfig().max_tokens})" in readme

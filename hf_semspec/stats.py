@@ -14,9 +14,11 @@ class AcceptanceStats:
     Attributes:
         num_target_forwards (`int`): target forward passes made by the speculative loop (one per round).
         num_drafted (`int`): draft tokens proposed to the target.
-        num_accepted (`int`): draft tokens the acceptance rule accepted.
+        num_accepted (`int`): draft tokens the acceptance rule accepted: its verdicts, so in a last round cut at
+            an EOS or a stopping criterion the drafts accepted after the cut count too (then `mean_accepted_drafts`
+            can exceed τ − 1). The draft-length policy is told only the ones output.
         num_new_tokens (`int`): tokens appended to the sequence (accepted drafts + one target token per round,
-            less what EOS or the length limit cut off).
+            less what EOS, a stopping criterion or the length limit cut off).
         drafted_per_position (`list[int]`): `drafted_per_position[i]` = rounds that drafted a token at position `i`.
         accepted_per_position (`list[int]`): `accepted_per_position[i]` = rounds that accepted positions `0..i`.
     """

@@ -340,5 +340,7 @@ def test_eos_token_in_stats_counts_only_kept_tokens(attached):
         ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=8, max_new_tokens=30,
         eos_token_id=stop_token, pad_token_id=0, return_dict_in_generate=True,
     )
-    assert out.acceptance_stats.num_new_tokens == out.sequences.shape[1] - ids.shape[1]
+    assert out.acceptance_stats.num_new_tokens == out.sequences.shape[1] - ids.shape[1] == 3
     assert out.acceptance_stats.num_target_forwards == 1
+    # The rule's verdicts, as documented: all 8 drafts accepted, though the output ends at the 3rd token.
+    assert out.acceptance_stats.num_accepted == 8 and out.acceptance_stats.accepted_per_position == [1] * 8

@@ -109,19 +109,20 @@ def _split_stopping_criteria(
     called on the sequence.
 
     `MaxLengthCriteria` is enforced by capping γ and cutting the emitted tokens, so it needs no call: the length is
-    the smallest of `max_length` and those of the `MaxLengthCriteria` in the list (transformers adds one for
-    `max_length` and keeps a user's, which then takes precedence).
+    that of the `MaxLengthCriteria` in the list (the smallest, if several), else `max_length`. transformers adds one
+    for `max_length`, or keeps a user's instead, which then wins whether it is shorter or longer.
     """
     eos_ids: set[int] = set()
+    lengths: list[int] = []
     others = StoppingCriteriaList()
     for criterion in stopping_criteria:
         if isinstance(criterion, EosTokenCriteria):
             eos_ids.update(criterion.eos_token_id.flatten().tolist())
         elif isinstance(criterion, MaxLengthCriteria):
-            max_length = min(max_length, criterion.max_length)
+            lengths.append(criterion.max_length)
         else:
             others.append(criterion)
-    return eos_ids, max_length, others
+    return eos_ids, min(lengths) if lengths else max_length, others
 
 
 def _first_stop(

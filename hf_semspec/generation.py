@@ -74,7 +74,9 @@ def _stop_strings_as_criteria(
 
     transformers builds that criterion from `generate(tokenizer=...)`, but for a `custom_generate` callable (our
     loop) it drops the tokenizer first, then fails with "could not locate a tokenizer". So the criterion is built
-    here, and transformers is handed `stop_strings=None`. `token_healing` needs the tokenizer the same way.
+    here, and transformers is handed `stop_strings=None`. As in transformers, a value in the call (None included)
+    wins, and a `StopStringCriteria` the user passed replaces the one `stop_strings` would build. `token_healing`
+    needs the tokenizer the same way: it is refused.
     """
     tokenizer = kwargs.pop("tokenizer", None)
     passed = generation_config if generation_config is not None else GenerationConfig()
@@ -84,20 +86,28 @@ def _stop_strings_as_criteria(
             "token_healing", token_healing, "False with an acceptance rule",
             "heal the prompt first (input_ids = model.heal_tokens(input_ids, tokenizer)), then generate without it",
         )
-    from_call, from_config = kwargs.get("stop_strings"), passed.stop_strings
-    stop_strings = _first_set(from_call, from_config, model.generation_config.stop_strings)
+    from_model = model.generation_config.stop_strings
+    if "stop_strings" in kwargs:
+        stop_strings = kwargs["stop_strings"]
+    else:
+        stop_strings = _first_set(passed.stop_strings, from_model)
     if stop_strings is None:
         return stopping_criteria, generation_config
-    if tokenizer is None:
-        raise invalid_value(
-            "tokenizer", None, f"the target's tokenizer with stop_strings={stop_strings!r} (they are matched on its "
-            "token strings)", "pass tokenizer=<the target's tokenizer> to generate()",
-        )
-    criteria = StoppingCriteriaList([*(stopping_criteria or []), StopStringCriteria(tokenizer, stop_strings)])
-    if from_call is None and from_config is not None:
-        generation_config = copy.deepcopy(generation_config)
+    criteria = StoppingCriteriaList(stopping_criteria or [])
+    if not any(isinstance(c, StopStringCriteria) for c in criteria):
+        if tokenizer is None:
+            raise invalid_value(
+                "tokenizer", None, f"the target's tokenizer with stop_strings={stop_strings!r} (they are matched on "
+                "its token strings)", "pass tokenizer=<the target's tokenizer> to generate()",
+            )
+        criteria.append(StopStringCriteria(tokenizer, stop_strings))
+    if "stop_strings" not in kwargs and passed.stop_strings is not None and from_model is None:
+        generation_config = copy.deepcopy(generation_config)  # only there: transformers reads None as unset
         generation_config.stop_strings = None
-    else:  # from the call, or from the model's config (then a passed config has none: its None would be filled)
+    else:
+        # From the call, or from the model's config, which transformers would fill a passed config's None from:
+        # only the call's None overrides it. (With a passed config, transformers then warns that a config and an
+        # argument were both given.)
         kwargs["stop_strings"] = None
     return criteria, generation_config
 

@@ -633,6 +633,27 @@ def test_tapout_arms_carry_their_own_options():
     assert [a.config.calibration_discount for a in two.arms[:2]] == [0.98, CostAwareConfig().calibration_discount]
 
 
+def test_tapout_arm_taking_num_assistant_tokens_is_compared_with_the_length_it_gets(attached, close_draft):
+    # A bare "constant" drafts num_assistant_tokens, else the rule's default: only then is it "constant:5" again.
+    def arm_lengths(acceptance, **given):
+        out = attached.generate(prompt(8), assistant_model=close_draft, acceptance=acceptance, draft_length="tapout",
+                                draft_length_kwargs={"arms": ["constant", "constant:5"]}, max_new_tokens=4, **given)
+        assert out.shape[1] == 12
+        policy = next(iter(hf_semspec.generation._KEPT_POLICIES[close_draft][attached].values()))
+        return [arm.config.num_tokens for arm in policy.arms]
+
+    hf_semspec.forget_draft_length_state()
+    try:
+        assert arm_lengths("exact", num_assistant_tokens=7) == [7, 5]
+        hf_semspec.forget_draft_length_state()
+        assert arm_lengths("fly") == [15, 5]  # fly's default length
+        with pytest.raises(SemSpecConfigError, match=r"each arm once \('constant' and 'constant:5'"):
+            attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", draft_length="tapout",
+                              draft_length_kwargs={"arms": ["constant", "constant:5"]}, max_new_tokens=4)
+    finally:
+        hf_semspec.forget_draft_length_state()
+
+
 def test_tapout_default_arms_and_blended_reward():
     policy = TapOutPolicy()
     assert policy.arm_names == ["cost_aware", "svip"]

@@ -435,12 +435,11 @@ def test_empty_corpus(draft_model, tokenizer, corpus):
 @pytest.mark.parametrize(
     "keep_ids, message",
     [
-        ([5.7, 9.2], r"`keep_ids` = '2 items, among them \[5.7, 9.2\]' .*allowed integer token ids"),  # not truncated
-        ([True, 9], r"among them \[True\]"),
-        ([[5, 6], [7]], r"allowed integer token ids"),
-        (torch.tensor(9), r"`keep_ids` = 'a 0-D torch.int64 tensor' .*allowed a 1-D integer tensor"),
-        (torch.tensor([5.0, 9.0]), r"'a 1-D torch.float32 tensor'"),
-        ("59", r"`keep_ids` = '59' .*allowed a list or 1-D integer tensor"),
+        ([5.7, 9.2], r"`keep_ids` = 'a torch.float32 tensor of shape \(2,\)' .*allowed integer token ids"),  # not truncated
+        ([True, 9], r"`keep_ids` = \[True, 9\] .*\(True / False are not\)"),
+        ([[5, 6], [7]], r"`keep_ids` = \[\[5, 6\], \[7\]\] .*allowed integer token ids \(expected sequence"),
+        (torch.tensor([5.0, 9.0]), r"'a torch.float32 tensor of shape \(2,\)'"),
+        ("59", r"`keep_ids` = '59' .*allowed integer token ids"),
     ],
 )
 def test_keep_ids_must_be_integer_ids(draft_model, tokenizer, keep_ids, message):
@@ -448,9 +447,10 @@ def test_keep_ids_must_be_integer_ids(draft_model, tokenizer, keep_ids, message)
         prune_vocabulary(draft_model, tokenizer, keep_ids=keep_ids)
 
 
-def test_keep_ids_take_any_iterable_of_ints(draft_model, tokenizer):
+def test_keep_ids_take_any_iterable_or_shape_of_ints(draft_model, tokenizer):
     expected = sorted(SPECIALS + [9, 12])
-    for keep_ids in ({12, 9}, (i for i in (9, 12)), torch.tensor([12, 9], dtype=torch.int32), range(9, 13, 3)):
+    for keep_ids in ({12, 9}, (i for i in (9, 12)), torch.tensor([12, 9], dtype=torch.int32), range(9, 13, 3),
+                     torch.tensor([[9, 12]]), [[9], [12]]):  # e.g. a tokenizer's (1, n) input_ids
         assert prune_vocabulary(draft_model, tokenizer, keep_ids=keep_ids).kept_token_ids.tolist() == expected
 
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama, tiny_tokenizer
 from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
-from transformers.generation import MaxLengthCriteria
+from transformers.generation import MaxLengthCriteria, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
 import hf_semspec
@@ -250,36 +250,65 @@ def test_custom_stopping_criteria_stop_where_plain_decoding_stops(attached, clos
             assert plain.shape[1] < ids.shape[1] + 30 and torch.equal(ours, plain), name
 
 
-def test_a_max_length_criterion_given_by_the_user_takes_precedence(attached):
+@pytest.mark.parametrize("new_tokens", [4, 30])
+def test_a_max_length_criterion_given_by_the_user_takes_precedence(attached, new_tokens):
+    # transformers keeps the user's MaxLengthCriteria instead of its own, shorter or longer.
     ids = prompt(8)
-    criteria = StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + 4)])
-    ours = attached.generate(ids, assistant_model=attached, acceptance="exact", max_new_tokens=30,
+    criteria = StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + new_tokens)])
+    ours = attached.generate(ids, assistant_model=attached, acceptance="exact", max_new_tokens=12,
                              stopping_criteria=criteria)
-    assert ours.shape[1] == ids.shape[1] + 4
-    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=30, stopping_criteria=criteria))
+    assert ours.shape[1] == ids.shape[1] + new_tokens
+    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=12, stopping_criteria=criteria))
 
 
-@pytest.mark.parametrize("where", ["call", "generation_config", "model"])
-def test_stop_strings_stop_where_plain_decoding_stops(attached, close_draft, where):
+@pytest.mark.parametrize(
+    "model_default, given",
+    [
+        (None, {"stop_strings": "STOP"}),  # a str, as transformers takes it
+        (None, {"generation_config": GenerationConfig(stop_strings=["STOP"], max_new_tokens=30)}),
+        (["STOP"], {}),
+        (["STOP"], {"generation_config": GenerationConfig(max_new_tokens=30)}),
+        (["other"], {"generation_config": GenerationConfig(stop_strings=["STOP"], max_new_tokens=30)}),
+        (["STOP"], {"stop_strings": None}),  # the call's None turns the model's default off
+        (None, {"stopping_criteria": "a StopStringCriteria"}),
+        (["other"], {"stop_strings": ["other"], "stopping_criteria": "a StopStringCriteria"}),  # the user's replaces
+    ],
+)
+def test_stop_strings_stop_where_plain_decoding_stops(attached, close_draft, model_default, given):
     tokenizer = tiny_tokenizer()
     ids = prompt(8)
     generated = plain_greedy(attached, ids, max_new_tokens=30)[0, ids.shape[1] :].tolist()
-    stop_strings = [tokenizer.convert_ids_to_tokens(generated[6])]  # a token inside the second round
-    plain = plain_greedy(attached, ids, max_new_tokens=30, stop_strings=stop_strings, tokenizer=tokenizer)
-    assert plain.shape[1] < ids.shape[1] + 30
-    given = {"call": {"stop_strings": stop_strings}, "model": {},
-             "generation_config": {"generation_config": GenerationConfig(stop_strings=stop_strings, max_new_tokens=30)}}
-    if where == "model":
-        attached.generation_config.stop_strings = stop_strings
+    stop_at = next(i for i in range(5, 30) if generated.index(generated[i]) == i)  # a token new after round one
+    words = {"STOP": tokenizer.convert_ids_to_tokens(generated[stop_at]),
+             "other": tokenizer.convert_ids_to_tokens(generated[1])}  # a stop before it
+
+    def spelled(value):
+        return words.get(value, value) if isinstance(value, str) else value and [words[v] for v in value]
+
+    def arguments():  # fresh criteria for each call
+        out = {"max_new_tokens": 30, "tokenizer": tokenizer}
+        for key, value in given.items():
+            if key == "stop_strings":
+                out[key] = spelled(value)
+            elif key == "generation_config":
+                out[key] = GenerationConfig(**{**value.to_diff_dict(), "stop_strings": spelled(value.stop_strings)})
+            else:
+                out[key] = StoppingCriteriaList([StopStringCriteria(tokenizer, [words["STOP"]])])
+        return out
+
+    attached.generation_config.stop_strings = spelled(model_default)
     try:
+        plain = plain_greedy(attached, ids, **arguments())
         ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=5,
-                                 tokenizer=tokenizer, **{"max_new_tokens": 30, **given[where]})
+                                 **arguments())
     finally:
         attached.generation_config.stop_strings = None
     assert torch.equal(ours, plain)
+    stopped_at = {ids.shape[1] + stop_at + 1: "STOP", ids.shape[1] + 2: "other", ids.shape[1] + 30: None}
+    assert stopped_at[plain.shape[1]] == ("STOP" if given.get("stop_strings", "STOP") is not None else None)
 
 
-@pytest.mark.parametrize("cut", ["eos", "max_new_tokens", "criterion"])
+@pytest.mark.parametrize("cut", ["eos", "criterion"])  # (max_new_tokens caps γ: it never cuts a round)
 def test_returned_cache_ends_where_the_output_does(attached, cut):
     # A round cut inside its accepted drafts must not leave their keys and values in past_key_values: a follow-up
     # call that reuses the cache would read tokens the output does not have.
@@ -288,7 +317,6 @@ def test_returned_cache_ends_where_the_output_does(attached, cut):
     stop = generated[10]
     limits = {
         "eos": {"eos_token_id": stop, "pad_token_id": 0, "max_new_tokens": 30},
-        "max_new_tokens": {"max_new_tokens": 11},
         "criterion": {"stopping_criteria": StoppingCriteriaList([StopAfter(ids.shape[1] + 11)]), "max_new_tokens": 30},
     }[cut]
     ours = attached.generate(ids, assistant_model=attached, acceptance="exact", num_assistant_tokens=8,

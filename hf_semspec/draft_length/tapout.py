@@ -147,16 +147,22 @@ def arm_config(arm: str | dict, num_tokens: int | None) -> DraftLengthConfig:
     """The validated config of an arm's policy: its options, and in its length field the arm's ':<length>', else
     tapout's `num_tokens` (or `UNSET_LENGTH_FALLBACK` outside `generate()`) where the options leave it None.
     Raises `SemSpecConfigError` from the arm's own config."""
+    return _arm_config(arm, num_tokens)[0]
+
+
+def _arm_config(arm: str | dict, num_tokens: int | None) -> tuple[DraftLengthConfig, bool]:
+    """`arm_config`, and whether the arm's length is `num_tokens`'s (or the fallback's, while that is None)."""
     name, length = split_arm(arm)
     policy_class = POLICIES.get(name)
     config = policy_class.config_class.from_kwargs(arm_options(arm))
     length_field = policy_class.length_field
+    takes_num_tokens = length is None and length_field is not None and getattr(config, length_field) is None
     if length is not None:
         setattr(config, length_field, int(length))
-    elif length_field is not None and getattr(config, length_field) is None:
+    elif takes_num_tokens:
         setattr(config, length_field, default_length(config, length_field, num_tokens or UNSET_LENGTH_FALLBACK))
     config.validate()
-    return config
+    return config, takes_num_tokens
 
 
 def arm_label(arm: str | dict) -> str:
@@ -230,7 +236,7 @@ class TapOutConfig(DraftLengthConfig):
         built: dict[tuple, str | dict] = {}  # (policy, its config) → the first arm that builds it
         for arm in self.arms if self.arms is not None else DEFAULT_ARMS:  # each as it will be built, with its length
             try:
-                config = arm_config(arm, self.num_tokens)
+                config, takes_num_tokens = _arm_config(arm, self.num_tokens)
             except SemSpecConfigError as error:
                 length = self.num_tokens or UNSET_LENGTH_FALLBACK
                 raise invalid_value(
@@ -240,8 +246,14 @@ class TapOutConfig(DraftLengthConfig):
                     "give the arm a length within its policy's limits, or lower num_tokens / num_assistant_tokens",
                 ) from error
             # Compared as built, so that spellings of one policy ("constant:03" and "constant:3", a dict arm and a
-            # name with the same options) count as the same arm: two identical arms only split its rounds.
-            key = (split_arm(arm)[0], repr(sorted(config.to_dict().items())))
+            # name with the same options) count as the same arm: two identical arms only split its rounds. An arm
+            # whose length is num_tokens's, still unset (generate() sets it from num_assistant_tokens or the rule,
+            # then validates again), is not compared by the fallback length it has now.
+            name = split_arm(arm)[0]
+            values = config.to_dict()
+            if takes_num_tokens and self.num_tokens is None:
+                values.pop(POLICIES.get(name).length_field)
+            key = (name, repr(sorted(values.items())))
             if key in built:
                 raise invalid_value(
                     f"{self.argument_name}['arms']", self.arms,

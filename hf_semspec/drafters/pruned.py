@@ -550,21 +550,23 @@ def _check_against_base(model: torch.nn.Module, drafter: PrunedVocabDrafter) -> 
 
 
 def _keep_ids_tensor(keep_ids: Sequence[int] | torch.Tensor) -> torch.Tensor:
-    """`keep_ids` as a 1-D long tensor; integers only (a float id would be truncated to another token)."""
-    fix = "pass a list or 1-D integer tensor of token ids, e.g. keep_ids=[5, 9]"
-    if isinstance(keep_ids, torch.Tensor):
-        integer = not (keep_ids.dtype == torch.bool or keep_ids.is_floating_point() or keep_ids.is_complex())
-        if keep_ids.dim() != 1 or not integer:
-            raise invalid_value("keep_ids", f"a {keep_ids.dim()}-D {keep_ids.dtype} tensor", "a 1-D integer tensor",
-                                fix + " (an integer tensor of token ids of another shape: keep_ids=ids.flatten())")
-        return keep_ids.to(torch.long)
-    if isinstance(keep_ids, (str, bytes)) or not hasattr(keep_ids, "__iter__"):
-        raise invalid_value("keep_ids", keep_ids, "a list or 1-D integer tensor of token ids", fix)
-    ids = list(keep_ids)
-    bad = [i for i in ids if isinstance(i, bool) or not isinstance(i, numbers.Integral)]
-    if bad:
-        raise invalid_value("keep_ids", f"{len(ids)} items, among them {bad[:3]!r}", "integer token ids", fix)
-    return torch.tensor([int(i) for i in ids], dtype=torch.long)
+    """`keep_ids` flattened to a 1-D long tensor (a tokenizer's `(1, n)` ids do); integers only: a float or bool id
+    would silently become another token."""
+    fix = "pass integer token ids: a list (e.g. keep_ids=[5, 9]) or an integer tensor"
+    if not isinstance(keep_ids, torch.Tensor):
+        if isinstance(keep_ids, (str, bytes)) or not hasattr(keep_ids, "__iter__"):
+            raise invalid_value("keep_ids", keep_ids, "integer token ids", fix)
+        items = list(keep_ids)
+        if any(isinstance(i, bool) for i in items):
+            raise invalid_value("keep_ids", items[:8], "integer token ids (True / False are not)", fix)
+        try:
+            keep_ids = torch.as_tensor(items) if items else torch.zeros(0, dtype=torch.long)
+        except (TypeError, ValueError, RuntimeError) as error:  # ragged lists, strings, None...
+            raise invalid_value("keep_ids", items[:8], f"integer token ids ({error})", fix) from error
+    if keep_ids.dtype == torch.bool or keep_ids.is_floating_point() or keep_ids.is_complex():
+        raise invalid_value("keep_ids", f"a {keep_ids.dtype} tensor of shape {tuple(keep_ids.shape)}",
+                            "integer token ids", fix)
+    return keep_ids.flatten().to(torch.long)
 
 
 def prune_vocabulary(

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import logging
-import numbers
 import os
 import pathlib
 import re
@@ -607,8 +606,8 @@ def prune_vocabulary(
             `question`/`answer`, chat `messages`), or a list of texts (`str`) and/or paths (`pathlib.Path`).
         keep (`int` or `float`): K as a number of tokens (special tokens included), or as a fraction in (0, 1] of
             the vocabulary.
-        keep_ids (`list[int]` or 1-D integer `torch.Tensor`): explicit ids to keep instead of `keep` (neither a
-            corpus nor calibration prompts, which only a `keep` counts).
+        keep_ids (`list[int]` or integer `torch.Tensor`, flattened): explicit ids to keep instead of `keep` (with
+            the special tokens; neither a corpus nor calibration prompts, which only a `keep` counts).
         corpus_label (`str`, *optional*): how the saved config and model card describe the corpus.
         calibration_prompts (`list[str]`, *optional*): prompts whose greedy continuations are counted too.
         calibration_model (*optional*): the model generating them (default: `model`; the target is another choice).
@@ -679,8 +678,8 @@ def prune_vocabulary(
             given = [name for name, value in (("corpus", corpus), ("calibration_prompts", calibration_prompts))
                      if value is not None]
             raise invalid_value(
-                "keep_ids", "given with " + " and ".join(given), "keep_ids alone: explicit ids are kept as they are, "
-                "nothing is counted", f"drop {' and '.join(given)}, or pass keep=... instead of keep_ids to count them",
+                "keep_ids", "given with " + " and ".join(given), "keep_ids alone: explicit ids are kept (with the "
+                "special tokens), nothing is counted", f"drop {' and '.join(given)}, or pass keep=... instead of keep_ids to count them",
             )
         ids = _keep_ids_tensor(keep_ids)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= vocab_size):

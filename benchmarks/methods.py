@@ -240,9 +240,9 @@ def build_policy(name: str, tokens: int | None, default_tokens: int, options: di
     if field_name is not None and tokens is not None:
         options[field_name] = tokens  # 0 too: the policy's config refuses it, as generate() would
     elif field_name is not None and field_name not in options:
-        default = getattr(policy_class.config_class(), field_name)
-        options[field_name] = default if default is not None else default_length(
-            policy_class.config_class.from_kwargs(options), field_name, default_tokens)
+        config = policy_class.config_class.from_kwargs(options)
+        if getattr(config, field_name) is None:  # as generate() fills it: the rule's default γ
+            options[field_name] = default_length(config, field_name, default_tokens)
     return POLICIES.build(name, options)
 
 

@@ -79,18 +79,17 @@ def _stop_strings_as_criteria(
     needs the tokenizer the same way: it is refused.
     """
     tokenizer = kwargs.pop("tokenizer", None)
-    passed = generation_config if generation_config is not None else GenerationConfig()
-    token_healing = _first_set(kwargs.get("token_healing"), passed.token_healing, model.generation_config.token_healing)
+    token_healing = _first_set(
+        kwargs.get("token_healing"), getattr(generation_config, "token_healing", None),
+        model.generation_config.token_healing,
+    )
     if token_healing:
         raise invalid_value(
             "token_healing", token_healing, "False with an acceptance rule",
             "heal the prompt first (input_ids = model.heal_tokens(input_ids, tokenizer)), then generate without it",
         )
-    from_model = model.generation_config.stop_strings
-    if "stop_strings" in kwargs:
-        stop_strings = kwargs["stop_strings"]
-    else:
-        stop_strings = _first_set(passed.stop_strings, from_model)
+    from_config, from_model = getattr(generation_config, "stop_strings", None), model.generation_config.stop_strings
+    stop_strings = kwargs["stop_strings"] if "stop_strings" in kwargs else _first_set(from_config, from_model)
     if stop_strings is None:
         return stopping_criteria, generation_config
     criteria = StoppingCriteriaList(stopping_criteria or [])
@@ -101,7 +100,7 @@ def _stop_strings_as_criteria(
                 "its token strings)", "pass tokenizer=<the target's tokenizer> to generate()",
             )
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
-    if "stop_strings" not in kwargs and passed.stop_strings is not None and from_model is None:
+    if "stop_strings" not in kwargs and from_config is not None and from_model is None:
         generation_config = copy.deepcopy(generation_config)  # only there: transformers reads None as unset
         generation_config.stop_strings = None
     else:

@@ -68,7 +68,8 @@ class InitialLengthMixin:
 
     def first_length(self) -> int:
         """`initial_tokens`, or `UNSET_LENGTH_FALLBACK` (5) for a config built outside `generate()`."""
-        return self.initial_tokens if self.initial_tokens is not None else min(UNSET_LENGTH_FALLBACK, self.max_tokens)
+        return self.initial_tokens if self.initial_tokens is not None else default_length(
+            self, "initial_tokens", UNSET_LENGTH_FALLBACK)
 
 
 @dataclass(frozen=True)
@@ -78,8 +79,8 @@ class RoundOutcome:
     Args:
         num_drafted (`int`): tokens drafted this round (γ).
         num_accepted (`int`): drafts the acceptance rule accepted (the round emitted `num_accepted + 1` tokens), up
-            to the end of the output: in a round cut at a drafted EOS, the drafts through the EOS, which are then all
-            the round's tokens.
+            to the end of the output: in a round cut at a drafted EOS or where a stopping criterion fired, the drafts
+            through the cut, which are then all the round's tokens.
         seconds (`float`): wall time of the round, drafting through verification.
         includes_prefill (`bool`): the round's forwards also processed the prompt (the first round of a call), so
             `seconds` says little about the cost of drafting.

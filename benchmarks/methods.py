@@ -260,11 +260,18 @@ def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int,
     if method.kind == "plain":
         return type(target).generate(target, **inputs, **common)
     if method.kind == "stock":
+        # Stock assisted generation reads γ from the draft's generation config. It is set for this call only:
+        # hf_semspec reads the draft's length too (last, where nothing else sets one), and the other methods must
+        # not inherit it.
+        saved = copy.deepcopy(draft.generation_config)
         draft.generation_config.num_assistant_tokens = method.gamma
         draft.generation_config.num_assistant_tokens_schedule = "constant"
         if stock_confidence_threshold is not None:
             draft.generation_config.assistant_confidence_threshold = stock_confidence_threshold
-        return type(target).generate(target, **inputs, assistant_model=draft, **common)
+        try:
+            return type(target).generate(target, **inputs, assistant_model=draft, **common)
+        finally:
+            draft.generation_config = saved
     policy = method.policy_for(category)
     return target.generate(
         **inputs,

@@ -8,6 +8,7 @@ values, which is what lets them live inside a `GenerationConfig` saved to JSON.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -118,12 +119,14 @@ class ComponentConfig:
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any] | None) -> "ComponentConfig":
-        """Builds and validates a config from user kwargs (`None` means all defaults)."""
+        """Builds and validates a config from user kwargs (`None` means all defaults), or validates a copy of a
+        config instance: the caller's object is never changed (`generate()` fills the length into its config)."""
         if kwargs is None:
             kwargs = {}
         if isinstance(kwargs, cls):
-            kwargs.validate()
-            return kwargs
+            config = copy.deepcopy(kwargs)
+            config.validate()
+            return config
         if not isinstance(kwargs, dict):
             raise invalid_value(
                 cls.argument_name,

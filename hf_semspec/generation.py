@@ -42,22 +42,27 @@ def _resolve_component(
     model_generation_config: GenerationConfig | None,
 ) -> tuple[Any, Any, str | None]:
     """Finds `(name, options, source)` for one component, by priority: the call's kwargs, the `generation_config`
-    passed to the call, the model's own generation config. Options come from the same source as the name unless the
-    call passes them, so that one rule's options never leak into another rule."""
+    passed to the call, the model's own generation config. Options come from the same source as the name, unless a
+    source above it gives options without a name (the call's `acceptance_kwargs`, or a passed config's): those are
+    for the name found below, as transformers lets each field of a passed config win over the model's. So one rule's
+    options never leak into another rule named above them. Options given without a name anywhere are an error."""
     name_field, kwargs_field = fields
-    if call_name is not None:
-        return call_name, call_kwargs, "call"
+    sources = [("call", call_name, call_kwargs)]
     for source, config in (("generation_config", generation_config), ("model", model_generation_config)):
-        name = getattr(config, name_field, None) if config is not None else None
+        sources.append((source, getattr(config, name_field, None), getattr(config, kwargs_field, None)))
+    options_above = None  # (source, options) of the highest source that gives options without a name
+    for source, name, options in sources:
         if name is not None:
-            options = call_kwargs if call_kwargs is not None else getattr(config, kwargs_field, None)
-            return name, options, source
-    if call_kwargs is not None:
+            return name, options_above[1] if options_above is not None else options, source
+        if options is not None and options_above is None:
+            options_above = (source, options)
+    if options_above is not None and options_above[0] != "model":  # (the model's alone: stock decoding, as before)
+        source, options = options_above
         raise invalid_value(
-            kwargs_field,
-            call_kwargs,
+            kwargs_field if source == "call" else f"generation_config.{kwargs_field}",
+            options,
             f"only together with `{name_field}`",
-            f"also pass {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
+            f"also set {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
         )
     return None, None, None
 
@@ -111,13 +116,17 @@ def _stop_strings_as_criteria(
     return criteria, generation_config
 
 
-def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationConfig | None, model) -> int | None:
-    """`num_assistant_tokens` from the call, else the passed or the model's generation config. (Stock
-    transformers reads it from the *draft's* generation config and ignores the call's; we honour the call.)"""
+def _resolve_num_assistant_tokens(
+    kwargs: dict, generation_config: GenerationConfig | None, model, assistant_model
+) -> int | None:
+    """`num_assistant_tokens` from the call, else the passed, the model's or the draft's generation config. (Stock
+    transformers reads it from the *draft's* generation config alone and ignores the call's; we honour the call
+    first, and the draft's last, so that a draft set up for stock assisted generation keeps its length.)"""
     value = _first_set(
         kwargs.get("num_assistant_tokens"),
         getattr(generation_config, "num_assistant_tokens", None),
         model.generation_config.num_assistant_tokens,
+        getattr(getattr(assistant_model, "generation_config", None), "num_assistant_tokens", None),
     )
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS):
         raise invalid_value(
@@ -228,8 +237,11 @@ def _build_draft_length_policy(
     schedule = _first_set(
         kwargs.get("num_assistant_tokens_schedule"), getattr(generation_config, "num_assistant_tokens_schedule", None)
     )
-    if schedule is None and name is None:  # the model's default schedule, where no policy is named anywhere
-        schedule = model.generation_config.num_assistant_tokens_schedule
+    if schedule is None and name is None:  # the model's (else the draft's) schedule, where no policy is named
+        schedule = _first_set(
+            model.generation_config.num_assistant_tokens_schedule,
+            getattr(getattr(assistant_model, "generation_config", None), "num_assistant_tokens_schedule", None),
+        )
     if schedule is not None and (schedule not in _SCHEDULE_POLICIES or (name is not None and _SCHEDULE_POLICIES[schedule] != name)):
         raise invalid_value(
             "num_assistant_tokens_schedule",
@@ -244,7 +256,7 @@ def _build_draft_length_policy(
     policy_class = POLICIES.get(name)
     config = policy_class.config_class.from_kwargs(options)
     length_field = policy_class.length_field
-    num_assistant_tokens = _resolve_num_assistant_tokens(kwargs, generation_config, model)
+    num_assistant_tokens = _resolve_num_assistant_tokens(kwargs, generation_config, model, assistant_model)
     if length_field is not None:
         set_by_user = isinstance(options, dict) and options.get(length_field) is not None
         if num_assistant_tokens is not None:
@@ -277,12 +289,30 @@ def _vocab_size(model: torch.nn.Module) -> int:
     return model.config.get_text_config().vocab_size
 
 
+def _check_target(model: Any) -> None:
+    if not callable(getattr(type(model), "generate", None)) or not hasattr(model, "generation_config"):
+        raise invalid_value(
+            "model",
+            type(model).__name__,
+            "a transformers model with `generate()` (GenerationMixin), e.g. a ...ForCausalLM",
+            "pass e.g. AutoModelForCausalLM.from_pretrained(...)",
+        )
+
+
 def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
-    if not (isinstance(assistant_model, torch.nn.Module) and hasattr(assistant_model, "config")):
+    head = getattr(assistant_model, "get_output_embeddings", None)
+    is_causal_lm = (
+        isinstance(assistant_model, torch.nn.Module)
+        and hasattr(assistant_model, "config")
+        # A base model (LlamaModel) has no head and returns no logits. (A drafter without the method is taken at
+        # its word: the pruned-drafter protocol asks only for a forward that returns logits.)
+        and not (callable(head) and head() is None)
+    )
+    if not is_causal_lm:
         raise invalid_value(
             "assistant_model",
             type(assistant_model).__name__,
-            "a transformers causal LM (PreTrainedModel)",
+            "a transformers causal LM with an LM head (e.g. LlamaForCausalLM, not LlamaModel)",
             "pass e.g. AutoModelForCausalLM.from_pretrained(<draft>)",
         )
     for field, m in (("model", model), ("assistant_model", assistant_model)):
@@ -343,7 +373,8 @@ def generate(
             rule other than `"exact"`, or with sampling, where rounds end changes the text; the README's Draft
             length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
-        num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`);
+        num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
+            else from the passed, the target's or (as stock transformers reads it) the draft's generation config;
             default: the rule's `default_num_draft_tokens` for a fixed or initial length, the policy's own cap for
             one that stops per token (`svip`, `adaedl`, `cost_aware`). Not with a policy instance, whose config sets
             it.
@@ -364,19 +395,28 @@ def generate(
         negative_prompt_ids=negative_prompt_ids,
         negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
+    _check_target(model)
     stock_generate = type(model).generate  # the class's method, bypassing the instance override made by attach()
 
     # 1. Which rule, from where.
     rule_name, rule_kwargs, source = _resolve_component(
         acceptance, acceptance_kwargs, ACCEPTANCE_FIELDS, generation_config, model.generation_config
     )
-    if rule_name is None and (draft_length is not None or draft_length_kwargs is not None):
-        raise invalid_value(
-            "draft_length",
-            draft_length,
-            "only together with an acceptance rule (stock assisted generation has its own num_assistant_tokens)",
-            'also pass acceptance="exact" (or another rule), or drop draft_length',
-        )
+    if rule_name is None:
+        for field, value in (
+            ("draft_length", draft_length),
+            ("draft_length_kwargs", draft_length_kwargs),
+            ("generation_config.draft_length", getattr(generation_config, "draft_length", None)),
+            ("generation_config.draft_length_kwargs", getattr(generation_config, "draft_length_kwargs", None)),
+        ):
+            if value is not None:
+                raise invalid_value(
+                    field,
+                    value,
+                    "only together with an acceptance rule (stock assisted generation has its own "
+                    "num_assistant_tokens)",
+                    f'also set acceptance="exact" (or another rule), or drop {field}',
+                )
     if rule_name is None or (assistant_model is None and source == "model"):
         return stock_generate(
             model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
@@ -408,6 +448,17 @@ def generate(
             confidence_threshold,
             "None with an acceptance rule (how many tokens to draft is the `draft_length` policy's decision)",
             "remove it; draft_length='svip' or 'adaedl' ends a round when the draft is unsure",
+        )
+    if kwargs.get("assistant_tokenizer") is not None:
+        # transformers drops it for a `custom_generate` loop (ours), so a draft with another tokenizer would be
+        # verified id by id against the wrong tokens.
+        raise invalid_value(
+            "assistant_tokenizer",
+            type(kwargs["assistant_tokenizer"]).__name__,
+            "None with an acceptance rule (universal assisted decoding across tokenizers is not supported; the "
+            "draft must share the target's tokenizer)",
+            "drop assistant_tokenizer (and use a draft with the target's tokenizer), or drop `acceptance` for "
+            "stock universal assisted decoding",
         )
     if kwargs.get("inputs_embeds") is not None:
         raise invalid_value(
@@ -478,27 +529,31 @@ def restore_saved_generation_fields(model: torch.nn.Module) -> list[str]:
     return restored
 
 
-def set_default_acceptance(model: torch.nn.Module, acceptance: str, acceptance_kwargs: dict | None = None) -> None:
-    """Stores `acceptance` (validated) in `model.generation_config`, so that `save_pretrained` keeps it."""
-    RULES.build(acceptance, acceptance_kwargs)
+def set_default_acceptance(model: torch.nn.Module, acceptance: str, acceptance_kwargs: Any = None) -> None:
+    """Stores `acceptance` (validated) in `model.generation_config`, so that `save_pretrained` keeps it.
+    `acceptance_kwargs`: a dict of the rule's options, or its config instance (stored as a dict, for the JSON)."""
+    rule = RULES.build(acceptance, acceptance_kwargs)
     model.generation_config.acceptance = acceptance
-    model.generation_config.acceptance_kwargs = dict(acceptance_kwargs or {})
+    model.generation_config.acceptance_kwargs = (
+        acceptance_kwargs.to_dict() if isinstance(acceptance_kwargs, type(rule.config)) else dict(acceptance_kwargs or {})
+    )
     mark_as_user_config(model.generation_config)
 
 
-def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_kwargs: dict | None = None):
+def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_kwargs: Any = None):
     """Installs hf_semspec's `generate` on this one model instance and returns the model.
 
     No transformers class is patched: other instances keep stock `generate`, and `detach(model)` undoes this.
     Fields that transformers dropped from the model's saved generation config are restored, and `acceptance` /
-    `acceptance_kwargs`, if given, become the model's defaults (saved by `save_pretrained`).
+    `acceptance_kwargs` (a dict, or the rule's config), if given, become the model's defaults (saved by
+    `save_pretrained`). They are validated first: a model given bad ones is left as it was.
     """
-    if not callable(getattr(type(model), "generate", None)) or not hasattr(model, "generation_config"):
+    _check_target(model)
+    if acceptance is not None:
+        RULES.build(acceptance, acceptance_kwargs)
+    elif acceptance_kwargs is not None:
         raise invalid_value(
-            "model",
-            type(model).__name__,
-            "a transformers model with `generate()` (GenerationMixin)",
-            "pass e.g. AutoModelForCausalLM.from_pretrained(...)",
+            "acceptance_kwargs", acceptance_kwargs, "only together with `acceptance`", "also pass acceptance=..."
         )
     model.generate = types.MethodType(generate, model)
     restored = restore_saved_generation_fields(model)
@@ -506,10 +561,6 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
         logger.info("Restored %s from the saved generation config of %s", restored, model.name_or_path)
     if acceptance is not None:
         set_default_acceptance(model, acceptance, acceptance_kwargs)
-    elif acceptance_kwargs is not None:
-        raise invalid_value(
-            "acceptance_kwargs", acceptance_kwargs, "only together with `acceptance`", "also pass acceptance=..."
-        )
     elif is_derived_from_model_config(model.generation_config) and any(
         getattr(model.generation_config, f, None) is not None for f in SEMSPEC_GENERATION_FIELDS
     ):

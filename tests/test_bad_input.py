@@ -216,3 +216,41 @@ def test_a_policy_given_another_policys_config():
 
     with pytest.raises(SemSpecConfigError, match=r"`config` = 'AdaEDLConfig' .*allowed a SVIPConfig for 'svip'"):
         SVIPPolicy(AdaEDLConfig())
+
+
+def test_assistant_tokenizer_is_refused(no_forward):
+    # transformers drops it for a custom decoding loop: a draft with another tokenizer would be verified against
+    # the wrong ids.
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_tokenizer` = '\w+' .*universal "
+                                                 r"assisted decoding .* Fix: drop assistant_tokenizer"):
+        from conftest import tiny_tokenizer
+
+        generate(no_forward, acceptance="exact", tokenizer=tiny_tokenizer(), assistant_tokenizer=tiny_tokenizer())
+
+
+@pytest.mark.parametrize("field", ["draft_length", "draft_length_kwargs", "acceptance_kwargs"])
+def test_fields_of_a_passed_config_without_a_rule_are_errors(no_forward, field):
+    # As the same fields given to the call are: without a rule anywhere, stock decoding would drop them.
+    value = {"draft_length": "svip"}.get(field, {})
+    config = GenerationConfig(max_new_tokens=5, **{field: value})
+    with pytest.raises(SemSpecConfigError, match=rf"`generation_config.{field}` = .*only together with"):
+        generate(no_forward, generation_config=config)
+
+
+def test_a_model_without_an_lm_head(no_forward):
+    from transformers import LlamaModel
+
+    base = LlamaModel(tiny_llama(seed=0).config)
+    with pytest.raises(SemSpecConfigError, match=r"`model` = 'LlamaModel' .*GenerationMixin"):
+        hf_semspec.generate(base, prompt(6), assistant_model=no_forward[1], acceptance="exact")
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_model` = 'LlamaModel' .*an LM head"):
+        generate(no_forward, acceptance="exact", assistant_model=base)
+
+
+def test_attach_validates_before_installing():
+    model = tiny_llama(seed=0)
+    for bad in ({"acceptance": "exactt"}, {"acceptance_kwargs": {}}, {"acceptance": "fly", "acceptance_kwargs": {"w": 1}}):
+        with pytest.raises(SemSpecConfigError):
+            hf_semspec.attach(model, **bad)
+        assert "generate" not in vars(model), bad  # left as it was: stock generate()
+        assert getattr(model.generation_config, "acceptance", None) is None

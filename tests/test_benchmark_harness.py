@@ -1288,3 +1288,19 @@ def test_window_flips_shares_of_full_rounds_and_of_drafts_kept_past_a_mismatch()
     # 3 of 4 rounds accepted every draft (one of them through the window); 21 accepted, 7 of them past draft 2 of the
     # second round, which failed Δ; τ = (21 + 4) / 4.
     assert round_shares(rounds) == {"all_accepted": 0.75, "tau": 6.25, "accepted": 21, "past_mismatch": 7}
+
+
+def test_stock_method_leaves_the_drafts_generation_config_as_it_was():
+    # Stock assisted generation reads γ from the draft's generation config, and hf_semspec reads it last too: the
+    # stock method's γ must not become the next method's length.
+    pair = tiny_pair("tiny")
+    hf_semspec.attach(pair.target)
+    inputs = pair.encode("abcdef")
+    before = pair.draft.generation_config.to_dict()
+    stock = methods.Method("stock_assisted", "stock", gamma=2)
+    out = methods.generate(stock, pair, inputs, max_new_tokens=8, do_sample=False, stock_confidence_threshold=0.3)
+    assert out.sequences.shape[1] == inputs["input_ids"].shape[1] + 8
+    assert pair.draft.generation_config.to_dict() == before
+    semspec = methods.Method("semspec:exact", "semspec", rule="exact")
+    ours = methods.generate(semspec, pair, inputs, max_new_tokens=8, do_sample=False)
+    assert len(ours.acceptance_stats.drafted_per_position) == RULES.get("exact").default_num_draft_tokens

@@ -20,7 +20,9 @@ def plain_greedy(model, ids, **kwargs):
 
 @pytest.mark.parametrize("draft_name", ["self", "close", "unrelated"])
 @pytest.mark.parametrize("num_assistant_tokens", [1, 4, 9])
-def test_exact_greedy_matches_plain_and_stock_assisted(attached, close_draft, unrelated_draft, draft_name, num_assistant_tokens):
+def test_exact_greedy_matches_plain_and_stock_assisted(
+    attached, close_draft, unrelated_draft, draft_name, num_assistant_tokens, monkeypatch
+):
     draft = {"self": attached, "close": close_draft, "unrelated": unrelated_draft}[draft_name]
     for seed in range(3):
         ids = prompt(6 + seed, seed=seed)
@@ -29,8 +31,9 @@ def test_exact_greedy_matches_plain_and_stock_assisted(attached, close_draft, un
             ids, assistant_model=draft, acceptance="exact", num_assistant_tokens=num_assistant_tokens, max_new_tokens=40
         )
         # Stock assisted generation reads γ from the draft's generation config, not from the call.
-        draft.generation_config.num_assistant_tokens = num_assistant_tokens
-        draft.generation_config.num_assistant_tokens_schedule = "constant"
+        # (The models are the session's: monkeypatch restores their configs for the tests after this one.)
+        monkeypatch.setattr(draft.generation_config, "num_assistant_tokens", num_assistant_tokens)
+        monkeypatch.setattr(draft.generation_config, "num_assistant_tokens_schedule", "constant")
         stock = plain_greedy(attached, ids, assistant_model=draft, max_new_tokens=40)
         assert torch.equal(ours, plain), (draft_name, seed)
         assert torch.equal(ours, stock), (draft_name, seed)
@@ -372,3 +375,74 @@ def test_eos_token_in_stats_counts_only_kept_tokens(attached):
     assert out.acceptance_stats.num_target_forwards == 1
     # The rule's verdicts, as documented: all 8 drafts accepted, though the output ends at the 3rd token.
     assert out.acceptance_stats.num_accepted == 8 and out.acceptance_stats.accepted_per_position == [1] * 8
+
+
+def test_options_in_a_passed_config_apply_to_the_models_rule(attached, close_draft, monkeypatch):
+    # transformers lets each field of a passed config win over the model's: acceptance_kwargs too, for the rule
+    # named in the model's config (as the call's acceptance_kwargs do).
+    from hf_semspec.generation import _resolve_component
+
+    monkeypatch.setattr(attached.generation_config, "acceptance", "fly", raising=False)
+    monkeypatch.setattr(attached.generation_config, "acceptance_kwargs", {"window": 2}, raising=False)
+    passed = GenerationConfig(acceptance_kwargs={"window": 3})
+    fields = ("acceptance", "acceptance_kwargs")
+    assert _resolve_component(None, None, fields, passed, attached.generation_config) == ("fly", {"window": 3}, "model")
+    assert _resolve_component(None, {"window": 4}, fields, passed, attached.generation_config)[1] == {"window": 4}
+    # A rule named in the passed config keeps its own options, not the model's rule's.
+    named = GenerationConfig(acceptance="exact")
+    assert _resolve_component(None, None, fields, named, attached.generation_config) == ("exact", None, "generation_config")
+    passed_options = attached.generate(
+        prompt(6), assistant_model=close_draft, return_dict_in_generate=True,
+        generation_config=GenerationConfig(acceptance_kwargs={"window": 3}, max_new_tokens=12),
+    )
+    call_options = attached.generate(prompt(6), assistant_model=close_draft, acceptance_kwargs={"window": 3},
+                                     max_new_tokens=12, return_dict_in_generate=True)
+    assert torch.equal(passed_options.sequences, call_options.sequences)
+    assert passed_options.acceptance_stats == call_options.acceptance_stats
+
+
+def test_a_config_instance_is_not_changed_by_the_call(attached, close_draft):
+    from hf_semspec.draft_length.constant import ConstantConfig
+
+    config = ConstantConfig()  # num_tokens unset: generate() fills it in for its own copy
+    first = attached.generate(prompt(6), assistant_model=close_draft, acceptance="exact", draft_length="constant",
+                              draft_length_kwargs=config, num_assistant_tokens=2, max_new_tokens=12,
+                              return_dict_in_generate=True)
+    assert config.num_tokens is None
+    second = attached.generate(prompt(6), assistant_model=close_draft, acceptance="exact", draft_length="constant",
+                               draft_length_kwargs=config, max_new_tokens=12, return_dict_in_generate=True)
+    assert len(first.acceptance_stats.drafted_per_position) == 2
+    assert len(second.acceptance_stats.drafted_per_position) == hf_semspec.rules.RULES.get("exact").default_num_draft_tokens
+
+
+def test_attach_takes_a_rule_config_instance(tmp_path):
+    from hf_semspec.rules.fly import FLyConfig
+
+    model = hf_semspec.attach(tiny_llama(seed=5), acceptance="fly", acceptance_kwargs=FLyConfig(window=3))
+    assert model.generation_config.acceptance_kwargs["window"] == 3
+    model.save_pretrained(tmp_path)  # stored as a dict: the JSON takes it
+    assert '"window": 3' in (tmp_path / "generation_config.json").read_text()
+
+
+@pytest.mark.parametrize("where", ["num_assistant_tokens", "schedule"])
+def test_the_drafts_generation_config_is_read_last(attached, close_draft, monkeypatch, where):
+    # Stock assisted generation reads γ and the schedule from the draft's generation config; so do we, where the
+    # call, a passed config and the target's set nothing.
+    ids = prompt(6)
+    if where == "num_assistant_tokens":
+        monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens", 2)
+        out = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=12,
+                                return_dict_in_generate=True)
+        assert len(out.acceptance_stats.drafted_per_position) == 2
+        called = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=12,
+                                   num_assistant_tokens=3, return_dict_in_generate=True)
+        assert len(called.acceptance_stats.drafted_per_position) == 3  # the call wins
+    else:
+        monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens_schedule", "heuristic_transient")
+        out = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=30,
+                                num_assistant_tokens=2, return_dict_in_generate=True)
+        # The heuristic's rounds grow by 2 after a full acceptance: more positions than the starting 2.
+        assert len(out.acceptance_stats.drafted_per_position) > 2
+        named = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=30,
+                                  num_assistant_tokens=2, draft_length="constant", return_dict_in_generate=True)
+        assert len(named.acceptance_stats.drafted_per_position) == 2  # a policy named in the call wins

@@ -137,7 +137,7 @@ def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
         if name not in POLICIES:
             raise ValueError(
                 f"--draft-lengths: unknown policy {name!r} in {item!r}: registered policies are {POLICIES.names()}")
-        if number is not None and not number.isdigit():
+        if number is not None and not (number.isascii() and number.isdigit()):
             raise ValueError(f"--draft-lengths: {item!r} must be {_SPEC_FORM}")
         pairs = []
         for option in (o.strip() for o in (options or "").split(";") if o.strip()):

@@ -151,7 +151,9 @@ def replay(
         accepted = min(runs[emitted], drafted)
         noise = math.exp(time_noise * rng.gauss(0.0, 1.0)) if time_noise > 0 else 1.0
         seconds = metrics.round_seconds(costs, drafted) * noise
-        policy.observe(RoundOutcome(drafted, accepted, seconds, includes_prefill=forwards == 0))
+        # The drafts reach the output's end (its EOS, drafted and accepted): the live round is cut there.
+        cut = emitted + accepted >= len(runs)
+        policy.observe(RoundOutcome(drafted, accepted, seconds, includes_prefill=forwards == 0, cut=cut))
         forwards += 1
         drafted_total += drafted
         rounds_by_length[drafted] = rounds_by_length.get(drafted, 0) + 1

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import record_function
 from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
-from transformers.generation import EosTokenCriteria, GenerateDecoderOnlyOutput, MaxLengthCriteria
+from transformers.generation import (
+    EosTokenCriteria,
+    GenerateDecoderOnlyOutput,
+    MaxLengthCriteria,
+    SynthIDTextWatermarkLogitsProcessor,
+)
 
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .drafting import ModelDrafter
@@ -100,6 +105,22 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
     if input_ids.shape[1] == 0:
         raise invalid_value("input_ids.shape[1] (prompt length)", 0, "at least 1 token", "pass a non-empty prompt")
     rule.check_decoding_mode(bool(generation_config.do_sample))
+
+
+def check_logits_processors(logits_processor: LogitsProcessorList) -> None:
+    """Rejects processors that keep state from call to call. The loop calls the processors once per drafted and once
+    per verified position, rejected drafts included, so a processor that counts its calls or remembers the contexts
+    it saw (SynthID's watermark) would see other calls than plain decoding makes: its output, and the text's
+    distribution, would differ from plain sampling even with `exact`."""
+    for processor in logits_processor:
+        if isinstance(processor, SynthIDTextWatermarkLogitsProcessor):
+            raise invalid_value(
+                "watermarking_config",
+                "a SynthIDTextWatermarkingConfig (or its logits processor)",
+                "None or a WatermarkingConfig with an acceptance rule (SynthID's processor keeps state per call, "
+                "which the speculative loop's extra calls would corrupt)",
+                "drop the SynthID watermark, or generate without assistant_model and acceptance",
+            )
 
 
 def _split_stopping_criteria(
@@ -214,6 +235,7 @@ def speculative_decode(
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     check_generation_config(generation_config, input_ids, rule)
+    check_logits_processors(logits_processor)
     target_cache = model_kwargs["past_key_values"]
     if not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
         raise invalid_value(
@@ -302,13 +324,14 @@ def speculative_decode(
             keep = stop_at + 1
             new_tokens = new_tokens[:, :keep]
         # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they do
-        # not count as accepted, even where the target agrees with them (the round's tokens are then `keep`, not
-        # accepted + 1).
+        # not count as accepted, even where the target agrees with them, and a round cut among its accepted drafts
+        # saw no rejection (`cut`: its tokens are `keep`, not accepted + 1).
         draft_length.observe(
             RoundOutcome(
                 gamma, min(num_accepted, keep), time.perf_counter() - round_start,
                 includes_prefill=num_target_forwards == 1,
                 num_matched=None if num_matched is None else min(num_matched, keep),
+                cut=keep <= num_accepted,
             )
         )
 

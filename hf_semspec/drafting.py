@@ -103,10 +103,20 @@ class ModelDrafter:
         if not (keep_probs or self.do_sample or self.rdk_kernel is not None):
             return logits.argmax(-1), None
         q = logits.softmax(-1)
+        if self.kept_token_ids is not None:
+            # Processors may allow no kept token (constrained decoding whose allowed tokens were all pruned): that row
+            # is all −inf and its softmax NaN. Draft from the kept tokens uniformly there: any q keeps verification
+            # lossless, and the target, which gives these drafts probability 0, replaces the first with its own.
+            q = torch.where(q.isnan(), self._uniform_over_kept(q), q)
         if self.rdk_kernel is not None:
             q = redistribute(q, self.kept_token_ids, *self.rdk_kernel)
         token = sample_categorical(q, self.generator) if self.do_sample else q.argmax(-1)
         return token, q
+
+    def _uniform_over_kept(self, like: torch.Tensor) -> torch.Tensor:
+        """`(vocab,)`: 1/K on each of the K kept ids, 0 elsewhere, in `like`'s dtype and device."""
+        uniform = like.new_zeros(like.shape[-1])
+        return uniform.index_fill_(0, self.kept_token_ids, 1.0 / len(self.kept_token_ids))
 
     @record_function("hf_semspec.draft")
     def draft(

@@ -254,3 +254,18 @@ def test_attach_validates_before_installing():
             hf_semspec.attach(model, **bad)
         assert "generate" not in vars(model), bad  # left as it was: stock generate()
         assert getattr(model.generation_config, "acceptance", None) is None
+
+
+def test_synthid_watermarking_is_refused(no_forward):
+    # Its processor keeps state per call (the contexts it saw); the loop's calls on rejected drafts corrupt it, and
+    # even `exact` sampling then differs from plain sampling.
+    from transformers import LogitsProcessorList
+    from transformers.generation import SynthIDTextWatermarkingConfig, SynthIDTextWatermarkLogitsProcessor
+
+    config = SynthIDTextWatermarkingConfig(keys=[654, 400, 836, 123, 340, 443, 597, 160, 57, 29], ngram_len=3)
+    with pytest.raises(SemSpecConfigError, match=r"`watermarking_config` = .*SynthID.* Fix: drop the SynthID"):
+        generate(no_forward, acceptance="exact", do_sample=True, watermarking_config=config)
+    processor = config.construct_processor(128, "cpu")  # passed in logits_processor= instead
+    assert isinstance(processor, SynthIDTextWatermarkLogitsProcessor)
+    with pytest.raises(SemSpecConfigError, match=r"`watermarking_config`"):
+        generate(no_forward, acceptance="exact", do_sample=True, logits_processor=LogitsProcessorList([processor]))

@@ -780,9 +780,10 @@ def test_per_token_rules_end_rounds_early_end_to_end(attached, close_draft):
 
 def test_tapout_instance_learns_across_calls(attached, close_draft):
     policy = TapOutPolicy(TapOutConfig(bandit="thompson", seed=1))
-    first = run(attached, close_draft, draft_length=policy).acceptance_stats.num_target_forwards
-    second = run(attached, close_draft, draft_length=policy).acceptance_stats.num_target_forwards
-    # every round but each call's first (its time includes the prompt's prefill) updated the bandit
+    first = run(attached, close_draft, draft_length=policy).acceptance_stats.drafted_per_position[0]
+    second = run(attached, close_draft, draft_length=policy).acceptance_stats.drafted_per_position[0]
+    # every round that drafted (not one made with a single token left) but each call's first (its time includes
+    # the prompt's prefill) updated the bandit
     assert sum(policy.pulls) == len(policy.history) == first + second - 2
     assert all(p > 0 for p in policy.pulls)  # each arm was tried
 
@@ -919,9 +920,104 @@ def test_a_round_cut_at_an_eos_reports_only_the_drafts_it_emitted(attached):
     policy.observe = outcomes.append
     out = attached.generate(prompt(8), assistant_model=copy.deepcopy(attached), acceptance="exact", draft_length=policy,
                             max_new_tokens=12, eos_token_id=tokens[eos_at], pad_token_id=0)
-    # The draft is the target itself, so the rule accepts all 8 drafts; the output stops at the EOS.
+    # The draft is the target itself, so the rule accepts all 8 drafts; the output stops at the EOS, inside the
+    # accepted drafts: the round is cut, with no rejection, and emitted eos_at + 1 tokens.
     assert out[0, 8:].tolist() == tokens[: eos_at + 1]
-    assert [(o.num_drafted, o.num_accepted) for o in outcomes] == [(8, eos_at + 1)]
+    assert [(o.num_drafted, o.num_accepted, o.cut, o.num_emitted) for o in outcomes] == [
+        (8, eos_at + 1, True, eos_at + 1)
+    ]
+
+
+def test_a_round_cut_by_a_stopping_criterion_is_reported_cut(attached):
+    import copy
+
+    from transformers import StoppingCriteria, StoppingCriteriaList
+
+    from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy
+
+    class StopAt(StoppingCriteria):
+        def __call__(self, input_ids, scores, **kwargs):
+            return torch.full((input_ids.shape[0],), input_ids.shape[1] >= 8 + 11, dtype=torch.bool)
+
+    outcomes = []
+    policy = ConstantPolicy(ConstantConfig(num_tokens=8))
+    policy.observe = outcomes.append
+    out = attached.generate(prompt(8), assistant_model=copy.deepcopy(attached), acceptance="exact", draft_length=policy,
+                            max_new_tokens=30, stopping_criteria=StoppingCriteriaList([StopAt()]))
+    assert out.shape[1] == 8 + 11
+    # Round one: 8 drafts accepted + the target's token (9, not cut); round two stops after 2 of its accepted drafts.
+    assert [(o.num_accepted, o.cut, o.num_emitted) for o in outcomes] == [(8, False, 9), (2, True, 2)]
+
+
+def _cut_and_rejected(k: int, n: int, **kwargs):
+    """The same round twice: cut at the output's end after n accepted drafts, and ended by a rejection at n + 1."""
+    return RoundOutcome(k, n, 0.5, cut=True, **kwargs), RoundOutcome(k, n, 0.5, **kwargs)
+
+
+def test_a_cut_round_is_not_learned_as_a_rejection():
+    """A round cut by an EOS or a stop among its accepted drafts saw no rejection: the policies that learn
+    acceptance count drafts 1..n as accepted and nothing after them, and tapout is paid the n tokens emitted."""
+    from hf_semspec.draft_length.adaedl import AdaEDLConfig, AdaEDLPolicy
+    from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConstantPolicy
+    from hf_semspec.draft_length.cost_aware import CostAwareConfig, CostAwarePolicy
+    from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
+
+    cut, rejected = _cut_and_rejected(8, 5)
+    survival = {}
+    for outcome in (cut, rejected):
+        policy = BestConstantPolicy(BestConstantConfig(initial_tokens=8))
+        policy.observe(outcome)
+        survival[outcome.cut] = (policy.at_risk[1:8], policy.rejected[1:8])
+    assert survival[True] == ([1.0] * 5 + [0.0] * 2, [0.0] * 7)  # at risk 1..5, no rejection
+    assert survival[False] == ([1.0] * 6 + [0.0], [0.0] * 5 + [1.0, 0.0])  # at risk 1..6, rejected at 6
+
+    adaedl = AdaEDLPolicy(AdaEDLConfig())
+    before = (adaedl.acceptance_rate, adaedl.threshold)
+    adaedl.observe(cut)
+    assert (adaedl.acceptance_rate, adaedl.threshold) == before
+    adaedl.observe(rejected)
+    assert adaedl.acceptance_rate == 5 / 8
+
+    tested = {}
+    for outcome in (cut, rejected):
+        policy = CostAwarePolicy(CostAwareConfig())
+        policy.round_bins = [0] * 7  # the bins of drafts 1..7 (the last draft is not asked about)
+        policy.observe(outcome)
+        tested[outcome.cut] = (policy.tested[0], policy.accepted[0])
+    assert tested[True][0] - tested[True][1] == pytest.approx(0.0)  # 5 tested, all accepted
+    assert tested[False][0] - tested[False][1] == pytest.approx(1.0)  # 6 tested, draft 6 rejected
+    assert tested[True][0] < tested[False][0]
+
+    rewards = []
+    for outcome in (cut, rejected):
+        policy = TapOutPolicy(TapOutConfig(arms=["constant:8", "constant:3"], reward="tokens_per_forward"))
+        policy.max_tokens()
+        policy.observe(outcome)
+        rewards.append(policy.arm_values()["constant:8"]["mean_reward"])
+    assert rewards == [5.0, 6.0]
+
+
+def test_tapout_does_not_credit_a_round_that_drafted_nothing():
+    from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
+
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:8", "constant:3"], reward="tokens_per_forward"))
+    policy.max_tokens()
+    policy.observe(RoundOutcome(0, 0, 0.5))  # one token left of max_new_tokens: the loop drafted none
+    assert [v["pulls"] for v in policy.arm_values().values()] == [0, 0]
+
+
+@pytest.mark.parametrize("name", ["svip", "adaedl", "cost_aware"])
+def test_a_nan_draft_distribution_reads_as_the_most_uncertain(name):
+    # A NaN entropy compares False against every threshold: it kept svip and adaedl drafting to their cap.
+    policy = POLICIES.build(name, {})
+    policy.max_tokens()
+    keeps = policy.keep_drafting(1, torch.full((1, 16), float("nan")))
+    if name == "cost_aware":  # it prices the draft at its least confident bin's acceptance (not its most confident)
+        from hf_semspec.draft_length.cost_aware import ENTROPY_BIN_EDGES
+
+        assert policy.round_bins == [len(ENTROPY_BIN_EDGES)]
+    else:
+        assert keeps is False
 
 
 
@@ -939,3 +1035,11 @@ def test_a_policy_with_its_length_unset_drafts_the_fallback_or_the_rules_default
     stats = attached.generate(prompt(8), draft_length="heuristic", draft_length_kwargs={"max_tokens": 3},
                               **kwargs).acceptance_stats
     assert len(stats.drafted_per_position) == 3  # it started at 3, not at the rule's 5 (which was refused before)
+
+
+def test_an_arm_length_in_other_digits_is_a_config_error():
+    from hf_semspec.draft_length.tapout import TapOutConfig
+
+    # "²".isdigit() is True but int("²") raises: the check must not pass it on to int().
+    with pytest.raises(hf_semspec.SemSpecConfigError, match=r"lengths in .* after ':' \('constant:²' is not\)"):
+        TapOutConfig(arms=["constant:²", "svip"]).validate()

@@ -112,3 +112,22 @@ def test_rdk_verification_is_lossless_with_out_of_vocabulary_drafts():
     # acceptance at position 0 is Σ min(p, r), higher than with q' alone when p has mass on pruned tokens
     rate = (result.num_accepted >= 1).float().mean().item()
     assert rate == pytest.approx(torch.minimum(p[0], r[0]).sum().item(), abs=0.01)
+
+
+@pytest.mark.parametrize("rule", ["exact", "rdk"])
+def test_sampling_when_the_processors_allow_no_kept_token(attached, pruned_draft, rdk_draft, kept_ids, rule):
+    """Constrained decoding that allows only pruned tokens (here: every kept id suppressed): the drafter's logits are
+    all −inf and their softmax NaN, which made sampling fail. The drafter then drafts from its kept tokens uniformly,
+    and the output is still the target's: only tokens the constraint allows."""
+    from transformers import SuppressTokensLogitsProcessor
+
+    suppressed = kept_ids.tolist()
+    draft = {"exact": pruned_draft, "rdk": rdk_draft}[rule]
+    torch.manual_seed(0)
+    out = attached.generate(prompt(8), assistant_model=draft, acceptance=rule, do_sample=True, max_new_tokens=12,
+                            suppress_tokens=suppressed, return_dict_in_generate=True)
+    assert not set(out.sequences[0, 8:].tolist()) & set(suppressed)
+    assert out.acceptance_stats.num_drafted > 0
+    processors = LogitsProcessorList([SuppressTokensLogitsProcessor(suppressed)])
+    block = drafter_for(pruned_draft, True, processors=processors).draft(prompt(8), None, 3)
+    torch.testing.assert_close(block.probs[0, :, kept_ids], torch.full((3, len(kept_ids)), 1 / len(kept_ids)))

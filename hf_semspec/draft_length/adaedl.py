@@ -130,8 +130,8 @@ class AdaEDLPolicy(DraftLengthPolicy):
         return not bool((self.lower_bound(probs) < self.threshold).any())
 
     def observe(self, outcome: RoundOutcome) -> None:
-        if not self.config.adaptive or outcome.num_drafted <= 0:
-            return
+        if not self.config.adaptive or outcome.num_drafted <= 0 or outcome.cut:
+            return  # (a round cut at the output's end saw no rejection: its drafts after the cut say nothing)
         c = self.config
         rate = outcome.num_accepted / outcome.num_drafted
         previous = self.acceptance_rate

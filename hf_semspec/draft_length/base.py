@@ -80,13 +80,17 @@ class RoundOutcome:
         num_drafted (`int`): tokens drafted this round (γ).
         num_accepted (`int`): drafts the acceptance rule accepted (the round emitted `num_accepted + 1` tokens), up
             to the end of the output: in a round cut at a drafted EOS or where a stopping criterion fired, the drafts
-            through the cut, which are then all the round's tokens.
+            through the cut, which are then all the round's tokens (`cut`).
         seconds (`float`): wall time of the round, drafting through verification.
         includes_prefill (`bool`): the round's forwards also processed the prompt (the first round of a call), so
             `seconds` says little about the cost of drafting.
         num_matched (`int`, *optional*): with a rule that has a deferred window, the drafts before the first one
             that failed the rule's own test (`num_matched < num_accepted` when the window kept that mismatch);
             `None` when the rule judges each draft alone.
+        cut (`bool`): the output ended inside the round's accepted drafts (a drafted EOS, or a stopping criterion),
+            so the round emitted `num_accepted` tokens, all drafts, and saw no rejection: the drafts after the cut
+            are not evidence of acceptance either way (censored), and a policy that learns must not count a
+            rejection at draft `num_accepted + 1`.
     """
 
     num_drafted: int
@@ -94,6 +98,13 @@ class RoundOutcome:
     seconds: float
     includes_prefill: bool = False
     num_matched: int | None = None
+    cut: bool = False
+
+    @property
+    def num_emitted(self) -> int:
+        """Tokens the round added to the output: the accepted drafts and the target's token after them, or the
+        accepted drafts alone in a `cut` round."""
+        return self.num_accepted if self.cut else self.num_accepted + 1
 
     @property
     def matched(self) -> int:

@@ -159,9 +159,12 @@ class BestConstantPolicy(DraftLengthPolicy):
         delta = self.config.discount
         self.at_risk = [delta * r for r in self.at_risk]
         self.rejected = [delta * d for d in self.rejected]
-        for j in range(1, min(n + 1, k, self.config.max_tokens) + 1):
+        # Drafts 1..n were accepted and draft n + 1 rejected; in a round cut at the output's end (a drafted EOS, a
+        # stop) drafts 1..n were accepted and the rest are censored, not rejected.
+        tested = n if outcome.cut else min(n + 1, k)
+        for j in range(1, min(tested, self.config.max_tokens) + 1):
             self.at_risk[j] += 1.0
-        if n < k and n + 1 <= self.config.max_tokens:
+        if not outcome.cut and n < k and n + 1 <= self.config.max_tokens:
             self.rejected[n + 1] += 1.0
         if not outcome.includes_prefill:
             self.costs.add(k, outcome.seconds)

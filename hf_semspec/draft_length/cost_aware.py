@@ -396,7 +396,10 @@ class CostAwarePolicy(DraftLengthPolicy):
         # mismatch, or not at all, so they say nothing of p̂. The last draft of a round is not seen by keep_drafting
         # (nothing is decided after it), so round_bins may stop short of k.
         matched = outcome.matched if self.prices_window else n
-        tested = self.round_bins[: matched + 1]
+        # In a round cut at the output's end (a drafted EOS, a stop), draft s + 1 was tested only if it came before
+        # the cut (a mismatch the window kept, s < n); otherwise every output draft passed and the rest are unknown.
+        saw_failure = not outcome.cut or matched < n
+        tested = self.round_bins[: matched + int(saw_failure)]
         forget = self.config.calibration_discount ** len(tested)
         self.accepted = [a * forget for a in self.accepted]
         self.tested = [t * forget for t in self.tested]
@@ -408,7 +411,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         if self.prices_window:
             self.flips *= forget
             self.flip_trials *= forget
-            if outcome.tested_window(self.window):
+            if saw_failure and outcome.tested_window(self.window):
                 self.flips += float(n > matched)
                 self.flip_trials += 1.0
         self.round_bins, self.round_acceptances = [], []
@@ -418,6 +421,6 @@ class CostAwarePolicy(DraftLengthPolicy):
             self.same_length_rounds = self.same_length_rounds + 1 if k == self.last_length else 1
             self.last_length = k
         r = self.config.rate_discount
-        self.rate_tokens = r * self.rate_tokens + (n + 1)
+        self.rate_tokens = r * self.rate_tokens + outcome.num_emitted
         self.rate_rounds = {length: r * weight for length, weight in self.rate_rounds.items()}
         self.rate_rounds[k] = self.rate_rounds.get(k, 0.0) + 1.0

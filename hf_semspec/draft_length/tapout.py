@@ -284,7 +284,7 @@ class TapOutConfig(DraftLengthConfig):
                 continue
             if POLICIES.get(name).length_field is None:
                 raise invalid_value(label, self.arms, f"no ':<length>' after {name!r}, which has no length option", fix)
-            if not length.isdigit() or int(length) not in ARM_LENGTHS:
+            if not (length.isascii() and length.isdigit()) or int(length) not in ARM_LENGTHS:
                 raise invalid_value(label, self.arms, f"lengths in {ARM_LENGTHS} after ':' ({arm!r} is not)", fix)
 
 
@@ -395,7 +395,7 @@ class TapOutPolicy(DraftLengthPolicy):
 
     def reward(self, outcome: RoundOutcome) -> float:
         """What the round earns the arm that drafted it (`reward` option)."""
-        tokens = outcome.num_accepted + 1
+        tokens = outcome.num_emitted
         if self.config.reward == "tokens_per_second":
             return tokens / max(outcome.seconds, 1e-9)
         if self._fitted:
@@ -445,11 +445,13 @@ class TapOutPolicy(DraftLengthPolicy):
         self.current = None
         if outcome.includes_prefill and self.config.reward in TIMED_REWARDS:
             return  # the prompt's prefill dominates this round's time: no evidence about the arm
+        if outcome.num_drafted == 0:
+            return  # one token left of max_new_tokens: the round drafted nothing, whatever the arm
         self.pulls[arm] += 1
         self.history.append(arm)
         if self._fitted:
             self.round_costs.add(outcome.num_drafted, outcome.seconds)
-            tokens = outcome.num_accepted + 1
+            tokens = outcome.num_emitted
             stats = self.tokens_by_length[arm].setdefault(outcome.num_drafted, [0.0, 0.0, 0.0])
             stats[0] += tokens
             stats[1] += tokens * tokens

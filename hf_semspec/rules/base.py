@@ -44,9 +44,15 @@ def sample_uniform(shape: tuple[int, ...], device: torch.device, generator: torc
 
 
 def sample_categorical(probs: torch.Tensor, generator: torch.Generator | None) -> torch.LongTensor:
-    """One draw per row from `probs` of shape `(..., vocab)`; returns shape `(...)`."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, num_samples=1, generator=generator).reshape(probs.shape[:-1])
+    """One draw per row from `probs` of shape `(..., vocab)` (each row ≥ 0 with positive mass); returns shape `(...)`.
+
+    By the exponential race: argmax_v q(v) / E_v with E_v ~ Exp(1) independent is v with probability q(v) / Σ q
+    (q(v)/E_v is the largest exactly when E_v/q(v), an exponential of rate q(v), comes first). Unlike
+    `torch.multinomial`, which checks its input on the host, it needs no host sync, so sampled drafting and
+    verification sync no more than greedy ones. E is kept above the smallest normal float: a float32 draw can be 0,
+    which would pick a token of probability 0 (0/0) or skew the race."""
+    race = torch.empty(probs.shape, device=probs.device, dtype=torch.float32).exponential_(generator=generator)
+    return (probs.float() / race.clamp_min_(torch.finfo(torch.float32).tiny)).argmax(-1)
 
 
 def gather_rows(values: torch.Tensor, position: torch.LongTensor) -> torch.Tensor:

@@ -417,6 +417,14 @@ def generate(
                     "num_assistant_tokens)",
                     f'also set acceptance="exact" (or another rule), or drop {field}',
                 )
+    if rule_name is None and getattr(assistant_model, "kept_token_ids", None) is not None:
+        raise invalid_value(
+            "acceptance",
+            None,
+            "a rule when assistant_model is a pruned-vocabulary drafter (stock assisted generation cannot map its "
+            "kept-token logits back to the target's vocabulary)",
+            'pass acceptance="exact" (or "rdk" for a drafter with an RDK kernel)',
+        )
     if rule_name is None or (assistant_model is None and source == "model"):
         return stock_generate(
             model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs

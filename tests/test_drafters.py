@@ -530,3 +530,76 @@ def test_loading_a_kernel_that_is_not_row_stochastic(tmp_path, draft_model, toke
     save_file(head, tmp_path / "pruned_head.safetensors")
     with pytest.raises(SemSpecConfigError, match=r"some weights are negative"):
         PrunedVocabDrafter.from_pretrained(tmp_path)
+
+
+def test_a_drafter_loads_in_the_dtype_it_was_saved_in(tmp_path, draft_model, tokenizer):
+    base = perturbed_copy(draft_model, scale=0.1, seed=4)  # its own backbone: the drafter's .to() moves it
+    config_dtype = base.config.dtype
+    drafter = prune_vocabulary(base, tokenizer, ["dog cat"], keep=20).to(torch.bfloat16)
+    drafter.save_pretrained(tmp_path)
+    assert base.config.dtype == config_dtype  # the config is saved with the weights' dtype, not changed in place
+    loaded = PrunedVocabDrafter.from_pretrained(tmp_path)  # it loaded float32, from the base's config
+    assert loaded.dtype == torch.bfloat16 and loaded.model.embed_tokens.weight.dtype == torch.bfloat16
+    torch.testing.assert_close(loaded(input_ids=prompt(6)).logits, drafter(input_ids=prompt(6)).logits,
+                               rtol=2e-2, atol=5e-2)
+
+
+def test_pruning_a_model_in_training_mode(draft_model, tokenizer):
+    # The self-check compares two forwards: with dropout on they differed, and pruning refused the architecture.
+    base = tiny_llama(seed=6, attention_dropout=0.5).train()
+    drafter = prune_vocabulary(base, tokenizer, ["dog cat"], keep=20)
+    assert drafter.num_kept == 20 and not drafter.training
+    assert base.lm_head.training  # the caller's modules keep their mode (the shared backbone is the drafter's)
+
+
+def test_a_trained_head_of_a_tied_drafter_survives_save_and_load(tmp_path, tokenizer):
+    drafter = prune_vocabulary(tiny_llama(seed=3, tie_word_embeddings=True), tokenizer, ["dog cat sat"], keep=20)
+    with torch.no_grad():
+        drafter.lm_head.weight.add_(0.5)  # e.g. a distillation step on the drafter's head
+    drafter.save_pretrained(tmp_path)
+    assert "lm_head.weight" in load_file(tmp_path / "pruned_head.safetensors")
+    assert json.loads((tmp_path / "pruning_config.json").read_text())["tied_head"] is False
+    loaded = PrunedVocabDrafter.from_pretrained(tmp_path)
+    assert torch.equal(loaded(input_ids=prompt(6)).logits, drafter(input_ids=prompt(6)).logits)
+
+
+def test_a_backbone_that_shares_weights_across_layers_saves_and_loads(tmp_path, tokenizer):
+    from transformers import Zamba2Config, Zamba2ForCausalLM
+
+    config = Zamba2Config(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=4,
+        attention_head_dim=16, mamba_d_state=8, mamba_headdim=8, n_mamba_heads=8, intermediate_size=64,
+        layers_block_type=["mamba", "hybrid", "mamba", "hybrid"], hybrid_layer_ids=[1, 3], num_mem_blocks=1,
+        use_mem_rope=False, pad_token_id=0, bos_token_id=1, eos_token_id=3,
+    )
+    torch.manual_seed(0)
+    drafter = prune_vocabulary(Zamba2ForCausalLM(config).eval(), tokenizer, ["dog cat sat"], keep=20)
+    drafter.save_pretrained(tmp_path)  # safetensors refused the shared block's tensors
+    loaded = PrunedVocabDrafter.from_pretrained(tmp_path)
+    torch.testing.assert_close(loaded(input_ids=prompt(6)).logits, drafter(input_ids=prompt(6)).logits)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "a list", "bias shape"])
+def test_loading_damaged_drafter_files(tmp_path, draft_model, tokenizer, damage):
+    drafter = prune_vocabulary(draft_model, tokenizer, ["dog cat"], keep=20)
+    drafter.save_pretrained(tmp_path)
+    info = tmp_path / "pruning_config.json"
+    if damage == "truncated":
+        info.write_text(info.read_text()[:20])
+        match = r"`pruning_config.json` = 'unreadable .*Fix: save the drafter again"
+    elif damage == "a list":
+        info.write_text("[1, 2]")
+        match = r"`pruning_config.json` = 'a JSON list' .*a JSON object"
+    else:
+        head = load_file(tmp_path / "pruned_head.safetensors")
+        save_file({**head, "lm_head.bias": torch.zeros(3)}, tmp_path / "pruned_head.safetensors")
+        match = r"`pruned_head.safetensors\['lm_head.bias'\]` = \(3,\) .*shape \(20,\)"
+    with pytest.raises(SemSpecConfigError, match=match):
+        PrunedVocabDrafter.from_pretrained(tmp_path)
+
+
+def test_a_pruned_drafter_without_a_rule(attached, draft_model, tokenizer):
+    drafter = prune_vocabulary(draft_model, tokenizer, ["dog cat"], keep=20)
+    with pytest.raises(SemSpecConfigError, match=r"`acceptance` = None .*pruned-vocabulary drafter.*Fix: pass "
+                                                 r"acceptance=\"exact\""):
+        attached.generate(prompt(6), assistant_model=drafter, max_new_tokens=4)

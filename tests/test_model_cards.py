@@ -17,7 +17,13 @@ from transformers import AutoModelForCausalLM
 from hf_semspec.component_config import Range
 from hf_semspec.draft_length import POLICIES
 from hf_semspec.drafters import custom_generate_card, prune_vocabulary, render_custom_generate_card
-from hf_semspec.drafters.cards import DEFAULT_LICENSE, TEMPLATE_DIR_ENV, parse_and_check_card, template_dir
+from hf_semspec.drafters.cards import (
+    DEFAULT_LICENSE,
+    TEMPLATE_DIR_ENV,
+    parse_and_check_card,
+    pruned_drafter_card,
+    template_dir,
+)
 from hf_semspec.errors import SemSpecConfigError
 from hf_semspec.rules import RULES, RuleConfig
 from hf_semspec.rules.exact import ExactRule
@@ -119,3 +125,28 @@ def test_templates_location(monkeypatch, tmp_path):
             render_custom_generate_card()
     (tmp_path / "custom_generate.md").write_text(original + "Hosting costs $$5 a month.", encoding="utf-8")
     assert render_custom_generate_card().endswith("Hosting costs $5 a month.")
+
+
+def test_a_base_licence_other_keeps_its_name_and_link(tmp_path, target):
+    # A license "other" names its terms in license_name / license_link (as Qwen's research license does).
+    folder = tmp_path / "base"
+    perturbed_copy(target, 0.3, 2).save_pretrained(folder)
+    link = "https://example.org/LICENSE"
+    (folder / "README.md").write_text(f"---\nlicense: other\nlicense_name: tiny-research\nlicense_link: {link}\n---\n",
+                                      encoding="utf-8")
+    drafter = prune_vocabulary(AutoModelForCausalLM.from_pretrained(folder), make_tokenizer(), ["dog cat"], keep=20)
+    card = drafter.model_card(repo_id="me/tiny")
+    metadata = card.data.to_dict()
+    assert (metadata["license"], metadata["license_name"], metadata["license_link"]) == ("other", "tiny-research", link)
+    assert f"`other` (`tiny-research`, {link})" in card.text
+    assert "license_name" not in drafter.model_card(license="mit").data.to_dict()  # not another license's terms
+
+
+def test_a_template_saved_with_a_byte_order_mark(monkeypatch, tmp_path):
+    shipped = template_dir()
+    for name in ("pruned_drafter.md", "custom_generate.md"):
+        (tmp_path / name).write_bytes(b"\xef\xbb\xbf" + (shipped / name).read_bytes())  # as Windows editors save
+    monkeypatch.setenv(TEMPLATE_DIR_ENV, str(tmp_path))
+    assert render_custom_generate_card().startswith("---\n")
+    info = {"vocab_size": 64, "keep_size": 16, "base_model": "Org/Tiny", "license": "mit", "selection": {}, "rdk": None}
+    assert pruned_drafter_card(info, repo_id="me/tiny").data.to_dict()["license"] == "mit"

@@ -48,7 +48,7 @@ def template_dir() -> pathlib.Path:
 def _render(template_name: str, values: dict[str, Any]) -> str:
     path = template_dir() / template_name
     try:
-        return string.Template(path.read_text(encoding="utf-8")).substitute({k: str(v) for k, v in values.items()})
+        return string.Template(path.read_text(encoding="utf-8-sig")).substitute({k: str(v) for k, v in values.items()})
     except KeyError as err:  # a $name the renderer does not fill
         raise ValueError(
             f"The model-card template {path} has the placeholder ${err.args[0]}, which is not one of "
@@ -130,8 +130,19 @@ def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | N
 
     base_model = info.get("base_model")
     license_value = license or info.get("license") or DEFAULT_LICENSE
+    # The base card's name and link of its license (how a license "other" names its terms), unless another
+    # license was given for the card.
+    terms = {key: info[key] for key in ("license_name", "license_link")
+             if info.get(key) and license_value == info.get("license")}
     if license or info.get("license"):
-        license_note = f"`{license_value}`, the license of the base model, applies to these weights."
+        named = ", ".join(
+            value for value in (f"`{terms['license_name']}`" if "license_name" in terms else None,
+                                terms.get("license_link")) if value
+        )
+        license_note = (
+            f"`{license_value}`{f' ({named})' if named else ''}, the license of the base model, applies to these "
+            "weights."
+        )
     else:
         license_note = (
             f"The base model's license could not be determined when this drafter was made, so the metadata says "
@@ -144,6 +155,7 @@ def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | N
         library_name="hf_semspec",
         base_model=base_model,
         license=license_value,
+        **terms,
         tags=tags,
         pipeline_tag="text-generation",
     )

@@ -27,6 +27,7 @@ full embedding.
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
@@ -197,9 +198,17 @@ class PrunedVocabDrafter(torch.nn.Module):
 
     # -- saving and loading -----------------------------------------------------------------------------------
 
-    def _head_tensors(self) -> dict[str, torch.Tensor]:
-        tensors = {"kept_token_ids": self.kept_token_ids.detach().cpu().contiguous()}
+    def _head_is_embedding(self) -> bool:
+        """Whether the head is still the input embedding's kept rows (a tied base, head and embedding untouched
+        since pruning): then `save_pretrained` stores only the ids. A head or an embedding trained since is stored."""
         if not self.tied:
+            return False
+        embedding = self.model.get_input_embeddings().weight.detach()
+        return torch.equal(self.lm_head.weight.detach(), embedding[self.kept_token_ids.to(embedding.device)])
+
+    def _head_tensors(self, head_is_embedding: bool) -> dict[str, torch.Tensor]:
+        tensors = {"kept_token_ids": self.kept_token_ids.detach().cpu().contiguous()}
+        if not head_is_embedding:
             tensors["lm_head.weight"] = self.lm_head.weight.detach().cpu().contiguous()
         if self.lm_head.bias is not None:
             tensors["lm_head.bias"] = self.lm_head.bias.detach().cpu().contiguous()
@@ -215,20 +224,23 @@ class PrunedVocabDrafter(torch.nn.Module):
         """
         folder = pathlib.Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
-        self.config.save_pretrained(folder)
+        config = copy.deepcopy(self.config)
+        config.dtype = self.dtype  # what the weights are saved in, so that from_pretrained(dtype="auto") loads it
+        config.save_pretrained(folder)
         if self.generation_config is not None:
             self.generation_config.save_pretrained(folder)
         prefix = f"{self.base_model_prefix}." if self.base_model_prefix else ""
-        backbone = {prefix + k: v.detach().cpu().contiguous() for k, v in self.model.state_dict().items()}
+        backbone = _without_shared_storage({prefix + k: v for k, v in self.model.state_dict().items()})
         save_file(backbone, folder / BACKBONE_WEIGHTS_NAME, metadata={"format": "pt"})
-        save_file(self._head_tensors(), folder / HEAD_WEIGHTS_NAME, metadata={"format": "pt"})
+        head_is_embedding = self._head_is_embedding()
+        save_file(self._head_tensors(head_is_embedding), folder / HEAD_WEIGHTS_NAME, metadata={"format": "pt"})
         info = dict(self.pruning_info)
         info.update(
             format_version=FORMAT_VERSION,
             vocab_size=self.vocab_size,
             keep_size=self.num_kept,
             keep_fraction=self.num_kept / self.vocab_size,
-            tied_head=self.tied,
+            tied_head=head_is_embedding,
             head_bias=self.lm_head.bias is not None,
             base_model_prefix=self.base_model_prefix,
         )
@@ -276,8 +288,18 @@ class PrunedVocabDrafter(torch.nn.Module):
                 "point to a folder written by PrunedVocabDrafter.save_pretrained / push_to_hub, or build one from a "
                 "plain model with hf_semspec.drafters.prune_vocabulary(model, tokenizer, ...)",
             )
-        with open(folder / PRUNING_CONFIG_NAME, encoding="utf-8") as f:
-            info = json.load(f)
+        try:
+            info = json.loads((folder / PRUNING_CONFIG_NAME).read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise invalid_value(
+                PRUNING_CONFIG_NAME, f"unreadable ({err})", "a JSON object written by save_pretrained",
+                "save the drafter again with PrunedVocabDrafter.save_pretrained",
+            ) from err
+        if not isinstance(info, dict):
+            raise invalid_value(
+                PRUNING_CONFIG_NAME, f"a JSON {type(info).__name__}", "a JSON object written by save_pretrained",
+                "save the drafter again with PrunedVocabDrafter.save_pretrained",
+            )
         version = info.get("format_version")
         if version != FORMAT_VERSION:
             raise invalid_value(
@@ -333,6 +355,13 @@ class PrunedVocabDrafter(torch.nn.Module):
                 "save the drafter again with PrunedVocabDrafter.save_pretrained",
             )
         bias = head.get("lm_head.bias")
+        if bias is not None and tuple(bias.shape) != (kept.numel(),):
+            raise invalid_value(
+                f"{HEAD_WEIGHTS_NAME}['lm_head.bias']",
+                tuple(bias.shape),
+                f"shape ({kept.numel()},), one per kept id",
+                "save the drafter again with PrunedVocabDrafter.save_pretrained",
+            )
         if "rdk_indices" in head:
             check_rdk_kernel(head["rdk_indices"], head["rdk_weights"], kept, vocab_size, HEAD_WEIGHTS_NAME)
         generation_config = None
@@ -368,7 +397,9 @@ class PrunedVocabDrafter(torch.nn.Module):
         """The README of this drafter as a validated `huggingface_hub.ModelCard` (see `cards.pruned_drafter_card`)."""
         from .cards import pruned_drafter_card
 
-        info = dict(self.pruning_info, keep_size=self.num_kept, vocab_size=self.vocab_size, tied_head=self.tied)
+        info = dict(
+            self.pruning_info, keep_size=self.num_kept, vocab_size=self.vocab_size, tied_head=self._head_is_embedding()
+        )
         return pruned_drafter_card(info, license=license, repo_id=repo_id)
 
     def push_to_hub(
@@ -488,9 +519,25 @@ def _base_model_id(model: torch.nn.Module, base_model: str | None) -> str | None
     return name if _REPO_ID.match(name) else None
 
 
-def _base_license(model: torch.nn.Module) -> str | None:
+def _without_shared_storage(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The backbone's tensors on the CPU, each in memory of its own: safetensors refuses tensors that share memory,
+    as the weights do of a block a model reuses across layers (Zamba2's shared transformer). A tensor whose memory
+    an earlier one already holds is stored as a copy, so every key loads with its value whether or not the model
+    ties them again on load (leaving it out, as transformers does, relies on the model declaring the tie)."""
+    out: dict[str, torch.Tensor] = {}
+    seen: set[tuple[torch.device, int]] = set()
+    for name, tensor in state.items():
+        tensor = tensor.detach()
+        memory = (tensor.device, tensor.untyped_storage().data_ptr())
+        out[name] = tensor.cpu().clone().contiguous() if memory in seen else tensor.cpu().contiguous()
+        seen.add(memory)
+    return out
+
+
+def _base_license(model: torch.nn.Module) -> dict[str, str] | None:
     """The license of the base model's own card (README.md next to its weights, or in the local Hub cache for a
-    repo id; nothing is downloaded), when there is one."""
+    repo id; nothing is downloaded), when there is one: `{"license": ...}`, with the card's `license_name` and
+    `license_link` when it has them (a license "other" names its terms there)."""
     name = str(getattr(model, "name_or_path", "") or "")
     if not name:
         return None
@@ -505,9 +552,12 @@ def _base_license(model: torch.nn.Module) -> str | None:
     try:
         from huggingface_hub import ModelCard
 
-        return ModelCard.load(readme).data.to_dict().get("license")
+        data = ModelCard.load(readme).data.to_dict()
     except Exception:  # noqa: BLE001 - an unreadable card just means "unknown"
         return None
+    if not data.get("license"):
+        return None
+    return {key: str(data[key]) for key in ("license", "license_name", "license_link") if data.get(key)}
 
 
 def _check_int(name: str, value: Any, low: int, example: str) -> int:
@@ -533,10 +583,18 @@ def _check_same_tokenizer(tokenizer: Any, target_tokenizer: Any) -> None:
 @torch.no_grad()
 def _check_against_base(model: torch.nn.Module, drafter: PrunedVocabDrafter) -> None:
     """The drafter's logits must be the base model's logits of the kept ids (catches architectures that transform
-    logits in ways `PrunedVocabDrafter.forward` does not reproduce)."""
+    logits in ways `PrunedVocabDrafter.forward` does not reproduce). Both run in eval mode, since dropout (a model
+    built from a config, or left training) would make the two forwards differ; each module's mode is restored."""
     ids = drafter.kept_token_ids[: min(6, drafter.num_kept)].reshape(1, -1).to(drafter.device)
-    full = model(input_ids=ids, use_cache=False).logits.float()[..., drafter.kept_token_ids]
-    pruned = drafter(input_ids=ids, use_cache=False).logits.float()
+    modes = {module: module.training for module in [*model.modules(), *drafter.modules()]}
+    model.eval()
+    drafter.eval()
+    try:
+        full = model(input_ids=ids, use_cache=False).logits.float()[..., drafter.kept_token_ids]
+        pruned = drafter(input_ids=ids, use_cache=False).logits.float()
+    finally:
+        for module, training in modes.items():
+            module.training = training
     tolerance = (1e-3 if drafter.dtype == torch.float32 else 3e-2) * max(1.0, float(full.abs().max()))
     if pruned.shape != full.shape or float((pruned - full).abs().max()) > tolerance:
         raise invalid_value(
@@ -786,7 +844,7 @@ def prune_vocabulary(
         "library": "hf_semspec",
         "base_model": _base_model_id(model, base_model),
         "base_model_path": str(getattr(model, "name_or_path", "") or ""),
-        "license": license if license is not None else _base_license(model),
+        **({"license": license} if license is not None else (_base_license(model) or {"license": None})),
         "tokenizer_size": len(tokenizer),
         "selection": selection,
         "rdk": rdk_info,

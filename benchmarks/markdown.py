@@ -1,4 +1,5 @@
-"""Writing the benchmarks' outputs: markdown tables and the .md / .json pair of a results name.
+"""Writing the benchmarks' outputs: markdown tables and the .md / .json pair of a results name; reading a results
+file of the kind a command expects.
 
 Apart from `report.py` so that the modules `report.py` imports for its sections (`resolution.py`) can use them too.
 """
@@ -13,6 +14,28 @@ def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """The lines of a markdown table."""
     lines = ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |"]
     return lines + ["| " + " | ".join(row) + " |" for row in rows]
+
+
+# The results files, by what their JSON holds: what `load_results` tells apart.
+RESULTS_KINDS = {
+    "run": ("a live run's results (benchmarks/run.py, merge.py)", ("aggregates", "records")),
+    "replay": ("a replay's results (benchmarks/replay.py)", ("traces", "records")),
+}
+
+
+def load_results(path: Path, kind: str, flag: str) -> dict:
+    """The results JSON at `path`, which `flag` of a command expects to be of `kind` ("run" or "replay"); a file of
+    another kind (a replay's given for a run's, a resolution table, ...) gets an error naming the flag, what the file
+    is and what is expected, rather than a KeyError later."""
+    results = json.loads(Path(path).read_text(encoding="utf-8"))
+    wanted, keys = RESULTS_KINDS[kind]
+    if isinstance(results, dict) and all(key in results for key in keys):
+        return results
+    found = next((text for name, (text, need) in RESULTS_KINDS.items()
+                  if isinstance(results, dict) and all(key in results for key in need)), None)
+    raise ValueError(f"{flag} {path}: expected {wanted}, got "
+                     + (found if found else f"a file without {[k for k in keys if not (isinstance(results, dict) and k in results)]}")
+                     + f". Fix: pass {wanted.split(' (')[0]} JSON there.")
 
 
 def write_json(path: Path, results: dict) -> None:

@@ -36,7 +36,6 @@ were timed in.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from . import anchored, markdown, metrics, report
@@ -48,11 +47,8 @@ def _counts(results: dict, method: str) -> dict[str, tuple[int, int, int]]:
 
 
 def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) -> None:
-    checks = {
-        "target model": (base["models"]["target"], added["models"]["target"]),
-        "draft model": (base["models"]["draft"], added["models"]["draft"]),
-        "max_new_tokens": (base["config"]["max_new_tokens"], added["config"]["max_new_tokens"]),
-    }
+    # Models, dtypes and the token budgets the records were decoded with (not the flag: None means the profile's).
+    checks = metrics.differing_setups(base, added)
     if same_prompts:  # as sets: records are matched by prompt id, and a pooled base lists its runs one after another
         checks["prompts"] = (sorted(base["selection"]["prompt_ids"]), sorted(added["selection"]["prompt_ids"]))
     differing = [f"{what}: {a!r} vs {b!r}" for what, (a, b) in checks.items() if a != b]
@@ -236,7 +232,7 @@ def main(argv: list[str] | None = None) -> None:
     if (args.pool and args.changed) or (args.base_method and not args.pool):
         parser.error("--changed goes with a merge, --base-method with --pool; got "
                      f"--pool={args.pool}, --changed={args.changed}, --base-method={args.base_method}")
-    base, added = (json.loads(p.read_text(encoding="utf-8")) for p in (args.base, args.added))
+    base, added = (markdown.load_results(p, "run", flag) for p, flag in ((args.base, "base"), (args.added, "added")))
     if args.pool:
         results = pool_runs(base, added, args.base.name, args.added.name, _name_pairs(args.base_method))
     else:

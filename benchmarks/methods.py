@@ -84,6 +84,13 @@ class Method:
             self._keyed_policies[key] = type(self.policy)(copy.deepcopy(self.policy.config))
         return self._keyed_policies[key]
 
+    def start_afresh(self) -> None:
+        """Forgets what this method's policy learned (after the warm-up): a fresh instance from the same config, and
+        no per-category instances yet."""
+        if self.policy is not None:
+            self.policy = type(self.policy)(copy.deepcopy(self.policy.config))
+        self._keyed_policies.clear()
+
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,
                 "rule_kwargs": self.rule_kwargs, "draft_length": self.draft_length,
@@ -173,6 +180,23 @@ def rule_skip_reason(rule: AcceptanceRule, draft: torch.nn.Module, do_sample: bo
     return None
 
 
+def check_method_options(
+    rules: list[str] | None, acceptance_kwargs: dict[str, dict], draft_lengths: list[DraftLengthSpec] | None
+) -> list[str]:
+    """The rules to run (`None`: every registered one), after building each with its options and each draft-length
+    entry for each of them, as `build_methods` will: a bad name or option raises here, before any model loads."""
+    registered = hf_semspec.available_rules()
+    names = registered if rules is None else rules
+    unknown = [n for n in names if n not in registered] + [n for n in acceptance_kwargs if n not in names]
+    if unknown:
+        raise ValueError(f"unknown or unselected rule(s) {unknown}: registered rules are {registered}")
+    for name in names:
+        RULES.build(name, dict(acceptance_kwargs.get(name, {})))
+        for spec in draft_lengths or []:
+            build_policy(spec.policy, spec.tokens, RULES.get(name).default_num_draft_tokens, dict(spec.options))
+    return names
+
+
 def build_methods(
     rules: list[str] | None,
     acceptance_kwargs: dict[str, dict],
@@ -197,14 +221,11 @@ def build_methods(
         raise ValueError(f"--policy-state: got {policy_state!r}; expected one of {list(POLICY_STATES)}. Fix: pass "
                          "'run' (one instance per method) or 'category' (one per category).")
     registered = hf_semspec.available_rules()
-    names = registered if rules is None else rules
-    unknown = [n for n in names if n not in registered] + [n for n in acceptance_kwargs if n not in names]
-    if unknown:
-        raise ValueError(f"unknown or unselected rule(s) {unknown}: registered rules are {registered}")
+    names = check_method_options(rules, acceptance_kwargs, draft_lengths)
     exact_gamma = RULES.get("exact").default_num_draft_tokens if "exact" in registered else AcceptanceRule.default_num_draft_tokens
     methods = [Method(PLAIN, "plain")]
     if include_stock:
-        methods.append(Method(STOCK, "stock", gamma=num_assistant_tokens or exact_gamma))
+        methods.append(Method(STOCK, "stock", gamma=exact_gamma if num_assistant_tokens is None else num_assistant_tokens))
     skipped = {}
     for name in names:
         rule_cls = RULES.get(name)
@@ -216,7 +237,7 @@ def build_methods(
             skipped[name] = reason
             continue
         if draft_lengths is None:
-            gamma = num_assistant_tokens or rule_cls.default_num_draft_tokens
+            gamma = rule_cls.default_num_draft_tokens if num_assistant_tokens is None else num_assistant_tokens
             methods.append(Method(SEMSPEC_PREFIX + name, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
                                   uses_pruned_draft=uses_pruned))
             continue

@@ -266,6 +266,32 @@ def aggregate(records: list[dict], method_names: list[str]) -> dict:
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def token_budgets(results: dict) -> dict[str, list[int]]:
+    """The `max_new_tokens` the prompts of each category were decoded with (GSM8K's budget is its own), from a run's
+    records or a replay's traces: what two results files must share to be compared, whatever the command line
+    spelled (a profile's default, or the same number given explicitly)."""
+    budgets: dict[str, set[int]] = {}
+    for item in results.get("records", []) + results.get("traces", []):
+        if item.get("max_new_tokens") is not None:
+            budgets.setdefault(item.get("category", ""), set()).add(int(item["max_new_tokens"]))
+    return {category: sorted(values) for category, values in sorted(budgets.items())}
+
+
+def differing_setups(first: dict, other: dict) -> dict[str, tuple]:
+    """What differs between two results files' models (names and dtypes, where both record them) and token budgets
+    (in the categories both hold), as `{what: (first's, other's)}`."""
+    differ = {}
+    models_a, models_b = first.get("models") or {}, other.get("models") or {}
+    for key in ("target", "draft", "target_dtype", "draft_dtype"):
+        if key in models_a and key in models_b and models_a[key] != models_b[key]:
+            differ[key] = (models_a[key], models_b[key])
+    budgets_a, budgets_b = token_budgets(first), token_budgets(other)
+    for category in sorted(set(budgets_a) & set(budgets_b)):
+        if budgets_a[category] != budgets_b[category]:
+            differ[f"max_new_tokens ({category})"] = (budgets_a[category], budgets_b[category])
+    return differ
+
+
 def fit_round_costs(records: list[dict]) -> dict | None:
     """Least-squares fit, over the run's hf_semspec generations, of
 

@@ -38,7 +38,6 @@ incrementally live, so a near-tie can go the other way).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import random
@@ -143,10 +142,14 @@ def replay(
             while drafted < budget:
                 drafted += 1
                 position = min(emitted + drafted - 1, len(entropies) - 1)
-                if drafted < budget and ended_by_eos and position == len(runs) - 1 and runs[emitted] >= drafted:
-                    break  # the draft, right so far, drafted the output's EOS: the live round stops after an EOS
+                if drafted == budget:
+                    break
+                # As the live drafter: the policy is asked first, then a round whose draft, right so far, drafted
+                # the output's EOS stops there.
                 probs = probs_with_entropy(entropies[position]) if policy.reads_draft_probs else None
-                if drafted < budget and not policy.keep_drafting(drafted, probs):
+                if not policy.keep_drafting(drafted, probs):
+                    break
+                if ended_by_eos and position == len(runs) - 1 and runs[emitted] >= drafted:
                     break
         accepted = min(runs[emitted], drafted)
         noise = math.exp(time_noise * rng.gauss(0.0, 1.0)) if time_noise > 0 else 1.0
@@ -191,7 +194,7 @@ def held_out_selection(pool: list[data.Prompt], per_category: int, skip_per_cate
 
 
 def load_costs(path: Path) -> dict:
-    results = json.loads(path.read_text(encoding="utf-8"))
+    results = markdown.load_results(path, "run", "--costs")
     costs = metrics.run_cost_model(results)
     if costs is None:
         raise ValueError(f"--costs {path}: the run has no determined cost model. Fix: use a run with several "
@@ -204,7 +207,7 @@ def check_against(results_path: Path, records: list[dict], costs: dict, methods:
     over the prompts of replayed / live modeled tokens/s (how far a mismatch moves the comparison). A method whose
     two runs both record its policy's options (`draft_length_config`) and disagree is a different policy under the
     same name (a default changed in between) and is left out."""
-    results = json.loads(results_path.read_text(encoding="utf-8"))
+    results = markdown.load_results(results_path, "run", "--check")
     live = {(r["method"], r["prompt_id"]): r for r in results["records"]}
     live_configs = {m["name"]: m.get("draft_length_config") for m in results.get("methods", [])}
     different = {m["name"] for m in methods
@@ -294,6 +297,10 @@ def render(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+SELECTION_DEFAULTS = {"data_dir": data.DEFAULT_DATA_DIR, "prompts_per_category": 1, "skip_per_category": 0,
+                      "selection": "shortest", "max_prompt_chars": 300, "max_new_tokens": 64}
+
+
 def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     """Records (or reloads) the traces, replays every policy, writes <name>.json and <name>.md; returns the results.
     `load_pair` is injectable, as in `benchmarks/run.py`, so the tests run it on tiny models."""
@@ -318,17 +325,26 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     parser.add_argument("--seed", type=int, default=0, help="seed of the round-time noise (one stream per policy)")
     parser.add_argument("--seeds", type=int, default=1, help="with --round-time-noise: replay every policy this many "
                         "times, from a fresh instance, with seeds seed, seed+1, ...; the table averages them")
-    parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
-    parser.add_argument("--prompts-per-category", type=int, default=1)
-    parser.add_argument("--skip-per-category", type=int, default=0, help="leave out the prompts that a selection of "
-                        "this many per category takes, e.g. 3 after tuning on --prompts-per-category 3: held-out prompts")
-    parser.add_argument("--selection", choices=("shortest", "spread", "first"), default="shortest")
-    parser.add_argument("--max-prompt-chars", type=int, default=300)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    # Which prompts to trace (defaults in SELECTION_DEFAULTS): with --traces, the saved ones are replayed instead.
+    parser.add_argument("--data-dir", type=Path, default=None, help=f"default: {data.DEFAULT_DATA_DIR}")
+    parser.add_argument("--prompts-per-category", type=int, default=None, help="default: 1")
+    parser.add_argument("--skip-per-category", type=int, default=None, help="leave out the prompts that a selection of "
+                        "this many per category takes, e.g. 3 after tuning on --prompts-per-category 3: held-out "
+                        "prompts (default: 0)")
+    parser.add_argument("--selection", choices=("shortest", "spread", "first"), default=None, help="default: shortest")
+    parser.add_argument("--max-prompt-chars", type=int, default=None, help="default: 300")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default: 64")
     parser.add_argument("--cache-dir", type=Path, default=None)
     parser.add_argument("--output-dir", type=Path, default=data.REPO_ROOT / "benchmarks" / "results")
     parser.add_argument("--name", default="replay")
     args = parser.parse_args(argv)
+    given = [f"--{name.replace('_', '-')}" for name in SELECTION_DEFAULTS if getattr(args, name) is not None]
+    if args.traces is not None and given:
+        raise ValueError(f"{', '.join(given)} with --traces: the saved traces' prompts and budgets are replayed, so "
+                         "these would do nothing. Fix: drop them, or drop --traces to trace a new selection.")
+    for name, default in SELECTION_DEFAULTS.items():
+        if getattr(args, name) is None:
+            setattr(args, name, default)
 
     # 1. Methods and costs first: a bad entry fails before any model loads.
     specs = methods.parse_draft_lengths(args.draft_lengths)
@@ -355,7 +371,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
 
     # 2. Traces: the target's greedy output and the draft's predictions over it, per prompt.
     if args.traces is not None:
-        saved = json.loads(args.traces.read_text(encoding="utf-8"))
+        saved = markdown.load_results(args.traces, "replay", "--traces")
         traces, selection, model_names, trace_seconds = (saved["traces"], saved["selection"], saved["models"],
                                                          saved["trace_seconds"])
     else:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import subprocess
@@ -242,10 +241,17 @@ def draft_length_section(results: dict) -> list[str]:
 
     measured = {label: {m["name"]: speedup(per_method[m["name"]]) for m in described}
                 for label, per_method in [("overall", agg["overall"])] + list(agg["per_category"].items())}
+    # A merged or pooled report holds speed-ups of other runs, each against its own run's plain: dividing one by
+    # another would be a speed ratio across runs. There, the measured table gives the values alone.
+    across_runs = bool(results.get("merged"))
     lines = ["", "## Draft length: best fixed length vs the policies", "",
              "Geometric-mean speed-up vs plain; in brackets, the policy's speed-up over the best `constant` length's "
-             "in that row (1.00 = as fast as the best fixed length found by the sweep).", ""]
-    lines += _policy_tables(described, measured, "×")
+             "in that row (1.00 = as fast as the best fixed length found by the sweep)." if not across_runs else
+             "Geometric-mean speed-up vs plain, each against the plain decoding of the run that timed it. The runs "
+             "merged here ran at other speeds, so these are not divided by one another: the modeled table below "
+             "compares every method at one set of costs, and the measured speeds over an anchor in the same run are "
+             "in the table of that name above.", ""]
+    lines += _policy_tables(described, measured, "×", ratios=not across_runs)
     records = results.get("records") or []
     # Results written before the cost model existed lack it: fit it from their records.
     costs = agg["cost_model"] if "cost_model" in agg else metrics.fit_round_costs(records)
@@ -297,9 +303,11 @@ def _per_length_tables(described: list[dict], records: list[dict], labels: list[
     ] + _policy_tables(described, values, " tok/s")
 
 
-def _policy_tables(described: list[dict], values: dict[str, dict[str, float | None]], unit: str) -> list[str]:
+def _policy_tables(described: list[dict], values: dict[str, dict[str, float | None]], unit: str,
+                   ratios: bool = True) -> list[str]:
     """One table per rule: rows = `values`' groups, the best `constant` method of the row, then every other policy
-    as `value (value / best)`; a last line per policy counts the categories where it is within 3% of the best."""
+    as `value (value / best)`; a last line per policy counts the categories where it is within 3% of the best.
+    Without `ratios`, the values alone and no count."""
     lines = []
     for rule in dict.fromkeys(m["rule"] for m in described):
         mine = [m for m in described if m["rule"] == rule]
@@ -316,8 +324,9 @@ def _policy_tables(described: list[dict], values: dict[str, dict[str, float | No
             row = [label, f"`{best_name.split('/', 1)[1]}` {best_value:.2f}{unit}"]
             for name in policies:
                 value = per_method.get(name)
-                row.append("-" if value is None else f"{value:.2f}{unit} ({value / best_value:.2f})")
-                if value is not None and label != "overall":
+                row.append("-" if value is None else f"{value:.2f}{unit}"
+                           + (f" ({value / best_value:.3f})" if ratios else ""))
+                if ratios and value is not None and label != "overall":
                     within[name].append(value >= 0.97 * best_value)
             rows.append(row)
         lines += [f"`{rule}`:", ""]
@@ -379,7 +388,7 @@ def main(argv: list[str] | None = None) -> None:
                         "the results (aggregates.per_length_costs), so that the report also prices every round by "
                         "its length")
     args = parser.parse_args(argv)
-    results = json.loads(args.results.read_text(encoding="utf-8"))
+    results = markdown.load_results(args.results, "run", "results")
     if args.verify_cost is not None:
         results["aggregates"]["per_length_costs"] = metrics.per_length_costs(args.verify_cost)
         markdown.write_json(args.results, results)

@@ -259,6 +259,7 @@ def pool(paths: list[Path]) -> tuple[list[dict], list[dict], dict]:
                              f"{paths[0]} ({names}); pool results of the same methods")
         differ = {key: (first_setting.get(key), value) for key, value in setting(results).items()
                   if value != first_setting.get(key)}
+        differ.update(metrics.differing_setups(first, results))  # models, dtypes, token budgets
         if differ:
             if "methods" in differ:
                 a, b = differ["methods"]

@@ -92,6 +92,30 @@ ASSUMED_RATES = {
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+def _at_least(low: int):
+    """An argparse type: an int ≥ `low` (argparse names the flag in its error)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {value}")
+        return value
+    parse.__name__ = f"integer >= {low}"
+    return parse
+
+
+def _probability(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, 1], got {value}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python benchmarks/run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -104,7 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"{','.join(hf_semspec.available_rules())})")
     p.add_argument("--acceptance-kwargs", type=json.loads, default={},
                    help='JSON object of options per rule, e.g. \'{"ears": {"beta": 0.2}}\'')
-    p.add_argument("--num-assistant-tokens", type=int, default=None,
+    p.add_argument("--num-assistant-tokens", type=_at_least(1), default=None,
                    help="γ for every speculative method (default: each rule's default; stock: exact's default)")
     p.add_argument("--draft-lengths", default=None,
                    help="comma-separated draft-length policies, each optionally with :<num_assistant_tokens> and "
@@ -123,7 +147,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "skipped with the reason")
     p.add_argument("--skip-stock", action="store_true",
                    help="leave out stock assisted generation (e.g. for an accuracy-only or draft-length run)")
-    p.add_argument("--stock-confidence-threshold", type=float, default=None,
+    p.add_argument("--stock-confidence-threshold", type=_probability, default=None,
                    help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
                         "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (use with --seed)")
@@ -137,25 +161,25 @@ def build_parser() -> argparse.ArgumentParser:
                    help="an earlier run's results JSON (a merge or pool too): run on exactly its Spec-Bench prompts, "
                         "in the round-robin order of the categories, instead of a per-category selection (with "
                         "--limit N, the first N of that order: a quick check before the full run)")
-    p.add_argument("--prompts-per-category", type=int, default=None, help="override the profile's count")
-    p.add_argument("--skip-per-category", type=int, default=None,
+    p.add_argument("--prompts-per-category", type=_at_least(1), default=None, help="override the profile's count")
+    p.add_argument("--skip-per-category", type=_at_least(1), default=None,
                    help="held-out prompts: leave out, per category, the ones a run with this many per category took")
     p.add_argument("--selection", choices=("shortest", "spread", "first"), default=None,
                    help="which prompts of a category (default: the profile's)")
-    p.add_argument("--max-prompt-chars", type=int, default=None,
+    p.add_argument("--max-prompt-chars", type=_at_least(0), default=None,
                    help="leave out prompts longer than this (default: the profile's, 300 in quick; 0 = no cap)")
-    p.add_argument("--limit", type=int, default=None,
+    p.add_argument("--limit", type=_at_least(1), default=None,
                    help="at most this many Spec-Bench/custom prompts: the first of the selection, after every other "
                         "option that chooses them (--same-prompts-as included)")
     p.add_argument("--categories", default=None,
                    help="comma-separated Spec-Bench categories to keep (default: all), e.g. math_reasoning to add "
                         "prompts of one category to an earlier run's")
-    p.add_argument("--max-new-tokens", type=int, default=None, help="override the profile's (Spec-Bench/custom)")
-    p.add_argument("--gsm8k", type=int, default=None, help="number of GSM8K problems (default: the profile's)")
+    p.add_argument("--max-new-tokens", type=_at_least(1), default=None, help="override the profile's (Spec-Bench/custom)")
+    p.add_argument("--gsm8k", type=_at_least(0), default=None, help="number of GSM8K problems (default: the profile's)")
     p.add_argument("--gsm8k-selection", choices=("first", "shortest"), default=None,
                    help="first problems in file order, or those with the shortest reference solutions (default: "
                         "the profile's: shortest in quick, first in full)")
-    p.add_argument("--gsm8k-max-new-tokens", type=int, default=None, help="override the profile's")
+    p.add_argument("--gsm8k-max-new-tokens", type=_at_least(1), default=None, help="override the profile's")
     p.add_argument("--profile-breakdown", action=argparse.BooleanOptionalAction, default=None,
                    help="profile each method's warm-up run on the first prompt (default: on in quick, off in full)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, help="default: benchmarks/results/")
@@ -164,7 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None, help="model cache (default: $HF_SEMSPEC_CACHE or ~/.cache/hf_semspec)")
     p.add_argument("--draft-dtype", choices=sorted(models.DTYPES), default="bfloat16",
                    help="draft weights' dtype (default bfloat16: faster than float32 on this CPU)")
-    p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads (default: 2)")
+    p.add_argument("--threads", type=_at_least(1), default=2, help="torch.set_num_threads (default: 2)")
     p.add_argument("--verify-cost", type=Path, default=None,
                    help="a benchmarks/verify_cost.py JSON: stored in the results (aggregates.per_length_costs), so "
                         "that the report also prices every round by its length (as `python -m benchmarks.report "
@@ -332,6 +356,8 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
 
     # 1. Prompts and method options first (cheap, and a bad value fails before minutes of model loading).
     draft_lengths = methods_lib.parse_draft_lengths(args.draft_lengths)
+    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    methods_lib.check_method_options(rules, args.acceptance_kwargs, draft_lengths)
     per_length_costs = metrics.per_length_costs(args.verify_cost) if args.verify_cost is not None else None
     prompts, selection_summary = select_prompts(args, profile)
     if not prompts:
@@ -352,7 +378,6 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     print(f"Loaded target {pair.target_name} and draft {pair.draft_name} in {load_s:.0f} s", flush=True)
 
     # 3. Methods: plain, stock assisted, and every rule registered now that can run with this draft.
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
     method_list, skipped = methods_lib.build_methods(
         rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
         draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock, policy_state=args.policy_state)
@@ -394,6 +419,11 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
             first = prompts[0]
             warmups, breakdowns = warm_up_and_profile(
                 method_list, pair, first, encoded[first.prompt_id], meters, eos_ids, args, profile.profile_breakdown)
+            # The policies that learn start the timed loop untrained, as replay.py starts them: the warm-up ran the
+            # first prompt once more, unrecorded (with its profiler's slower rounds).
+            for method in method_list:
+                method.start_afresh()
+            hf_semspec.forget_draft_length_state()
             # How fast is the machine right now compared with the assumed rates? Scale the a-priori estimate of the
             # timed loop by the warm-up's measured / estimated wall time (a shared machine varies a lot).
             speed_factor = sum(w["wall_s"] for w in warmups.values()) / warmup_estimate

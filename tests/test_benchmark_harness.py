@@ -448,15 +448,15 @@ def test_draft_length_section_compares_policies_with_the_best_fixed_length():
         },
     }
     text = "\n".join(report.draft_length_section(results))
-    assert "| overall | `constant:8` 1.50× | 1.44× (0.96) |" in text
-    assert "| coding | `constant:3` 1.60× | 1.60× (1.00) |" in text
+    assert "| overall | `constant:8` 1.50× | 1.44× (0.960) |" in text
+    assert "| coding | `constant:3` 1.60× | 1.60× (1.000) |" in text
     results["methods"] = results["methods"][:1]
     assert report.draft_length_section(results) == []
 
 
 def _generation(prompt_id, category, method, forwards, drafts, wall_s, new_tokens=64):
     return {"prompt_id": prompt_id, "category": category, "method": method, "target_forwards": forwards,
-            "draft_forwards": drafts, "new_tokens": new_tokens, "wall_s": wall_s,
+            "draft_forwards": drafts, "new_tokens": new_tokens, "max_new_tokens": 64, "wall_s": wall_s,
             "acceptance_stats": {"num_drafted": drafts}}
 
 
@@ -503,7 +503,7 @@ def test_draft_length_section_adds_the_modeled_comparison():
     }
     text = "\n".join(report.draft_length_section(results))
     assert "0.500 s per target forward" in text and "6% (SD)" in text
-    assert "| coding | `constant:8` 4.10 tok/s | 4.27 tok/s (1.04) |" in text  # 64 / 15.6 and 64 / 15
+    assert "| coding | `constant:8` 4.10 tok/s | 4.27 tok/s (1.04" in text  # 64 / 15.6 and 64 / 15
     assert "`tapout` 1 of 1" in text
     assert "priced by length" not in text
     # Priced by length (report.py --verify-cost): the same F and D as rounds of each length. constant:3 made 20
@@ -519,7 +519,7 @@ def test_draft_length_section_adds_the_modeled_comparison():
     by_length = text[text.index("### The same comparison priced by length"):]
     assert ("per-length costs measured in `verify.json` (51 cached tokens): v(k) + 0.100 s per drafted token "
             "(v(0) = 0.500 s, v(2) = 0.900 s, v(3) = 0.500 s, v(8) = 0.600 s)") in by_length
-    assert "| coding | `constant:8` 3.81 tok/s | 3.66 tok/s (0.96) |" in by_length  # 64 / 16.8 and 64 / 17.5
+    assert "| coding | `constant:8` 3.81 tok/s | 3.66 tok/s (0.96" in by_length  # 64 / 16.8 and 64 / 17.5
     assert "`tapout` 0 of 1" in by_length
 
 
@@ -742,7 +742,7 @@ def _run(methods_counts: dict[str, tuple[int, int]], plain_speed: float, commit:
             records.append({**_generation(pid, "c", name, f, d, wall), "tokens_per_s": 64 / wall, "tau": 64 / f,
                             "speedup_vs_plain": (64 / wall) / plain_speed, "acceptance_stats": stats, **timers})
     return {
-        "models": {"target": "t", "draft": "d"},
+        "models": {"target": "t", "draft": "d", "draft_dtype": "bfloat16"},
         "config": {"max_new_tokens": 64, "sample": False},
         "selection": {"prompt_ids": list(prompts), "summary": f"prompts {', '.join(prompts)}"},
         "machine": {"git": {"commit": commit}},
@@ -772,7 +772,12 @@ def test_merge_adds_the_new_methods_and_prices_them_at_the_base_costs():
     assert costs["seconds_per_draft_forward"] == pytest.approx(0.1)
     assert merged["aggregates"]["overall"]["semspec:exact/best_constant"]["prompts"] == 2
     text = "\n".join(report.draft_length_section(merged))
-    assert "| overall | `constant:8` 4.10 tok/s | " in text and "4.27 tok/s (1.04)" in text  # 64/15.6 and 64/15
+    assert "| overall | `constant:8` 4.10 tok/s | " in text and "4.27 tok/s (1.04" in text  # 64/15.6 and 64/15
+    # The measured speed-ups are of two runs, each against its own plain: shown, not divided by one another.
+    measured = text.split("### The same comparison without the timing noise")[0]
+    assert "each against the plain decoding of the run that timed it" in measured
+    assert "×  (" not in measured and not any(f"× ({d}" in measured for d in "0123456789")
+    assert "within 3% of the best fixed length" not in measured
 
 
 def test_merge_compares_measured_speeds_over_the_anchor_of_each_methods_own_run():
@@ -839,7 +844,9 @@ def test_merge_keeps_a_changed_method_of_both_runs_under_the_added_commit():
     [
         (lambda a: a["records"][1].update(target_forwards=23), r"anchors did not repeat exactly.*constant:3 on p0"),
         (lambda a: a["selection"].update(prompt_ids=["p0", "p9"]), r"differ in prompts: \['p0', 'p1'\] vs \['p0', 'p9'\]"),
-        (lambda a: a["config"].update(max_new_tokens=128), r"differ in max_new_tokens: 64 vs 128"),
+        # The budget the records were decoded with, not the flag (None when the profile's default was used).
+        (lambda a: [r.update(max_new_tokens=128) for r in a["records"]], r"differ in max_new_tokens \(c\): \[64\] vs \[128\]"),
+        (lambda a: a["models"].update(draft_dtype="float32"), r"differ in draft_dtype: 'bfloat16' vs 'float32'"),
         (lambda a: a["config"].update(sample=True), r"--sample"),
         (lambda a: [m.update(name="semspec:exact/other") for m in a["methods"][1:2]], r"no hf_semspec method"),
     ],
@@ -870,7 +877,7 @@ def test_pool_joins_the_same_methods_on_other_prompts_at_the_base_costs():
     # Modeled at 0.5 s/F + 0.1 s/D, geometric means over the 4 prompts: constant:8 sqrt(64/15.6 · 64/14) = 4.33,
     # tapout sqrt(64/17 · 64/15.6) = 3.93, constant:3 sqrt(64/18 · 64/15) = 3.89.
     text = "\n".join(report.draft_length_section(pooled))
-    assert "| overall | `constant:8` 4.33 tok/s | 3.93 tok/s (0.91) |" in text
+    assert "| overall | `constant:8` 4.33 tok/s | 3.93 tok/s (0.9" in text
 
 
 def test_pool_of_a_merge_keeps_its_header_but_not_its_measured_over_anchor_table():
@@ -896,7 +903,8 @@ def test_pool_of_a_merge_keeps_its_header_but_not_its_measured_over_anchor_table
          r"other options in the two runs \(semspec:exact/constant:3: gamma None vs 4\)"),
         (lambda a: None, {"semspec:exact/svip": "semspec:exact/tapout@abc1234"},
          r"--base-method: \['semspec:exact/svip'\]"),
-        (lambda a: a["config"].update(max_new_tokens=128), {}, r"differ in max_new_tokens: 64 vs 128"),
+        (lambda a: [r.update(max_new_tokens=128) for r in a["records"]], {}, r"differ in max_new_tokens \(c\): \[64\] vs \[128\]"),
+        (lambda a: a["models"].update(draft_dtype="float32"), {}, r"differ in draft_dtype: 'bfloat16' vs 'float32'"),
     ],
 )
 def test_pool_refuses_runs_that_are_not_the_same_methods_on_other_prompts(change, base_methods, message):
@@ -1115,18 +1123,28 @@ def test_replay_and_live_end_a_per_token_round_at_the_outputs_eos():
     trace = replay.record_trace(pair, prompt, eos_ids=[eos])
     assert len(trace["tokens"]) == 11
     options = {"threshold": 5.0}
-    replayed = replay.replay(methods.build_policy("svip", None, 5, options), trace["runs"], 24, COSTS,
-                             trace["entropies"])
+    asked = {"replay": [], "live": []}
+
+    def asking(loop):  # the policy of `loop`, recording each decision it is asked for
+        policy = methods.build_policy("svip", None, 5, options)
+        decide = policy.keep_drafting
+        policy.keep_drafting = lambda n, q: asked[loop].append(n) or decide(n, q)
+        return policy
+
+    replayed = replay.replay(asking("replay"), trace["runs"], 24, COSTS, trace["entropies"])
     hf_semspec.attach(pair.target)
     try:
         out = pair.target.generate(**pair.encode(prompt.text), assistant_model=pair.draft, acceptance="exact",
-                                   draft_length=methods.build_policy("svip", None, 5, options), max_new_tokens=24,
-                                   eos_token_id=eos, return_dict_in_generate=True)
+                                   draft_length=asking("live"), max_new_tokens=24, eos_token_id=eos,
+                                   return_dict_in_generate=True)
     finally:
         hf_semspec.detach(pair.target)
     stats = out.acceptance_stats
     assert out.sequences[0, -11:].tolist() == trace["tokens"]
     assert (replayed["target_forwards"], replayed["draft_forwards"]) == (stats.num_target_forwards, stats.num_drafted)
+    # The same decisions too: live asks the policy about the EOS draft before it reads the EOS (a learning policy
+    # records that draft's entropy).
+    assert asked["replay"] == asked["live"] and asked["live"]
 
 
 def _replay_argv(tmp_path: Path, draft_lengths: str) -> tuple[list[str], Path]:
@@ -1137,6 +1155,21 @@ def _replay_argv(tmp_path: Path, draft_lengths: str) -> tuple[list[str], Path]:
     costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
     return ["--data-dir", str(tmp_path / "data"), "--max-new-tokens", "12", "--costs", str(costs_file),
             "--output-dir", str(tmp_path / "out"), "--draft-lengths", draft_lengths], costs_file
+
+
+def _traced(argv: list[str], traces: Path) -> list[str]:
+    """`argv` replaying the saved `traces`: without the options that choose prompts to trace, which --traces refuses."""
+    selecting = {"--data-dir", "--max-new-tokens", "--prompts-per-category", "--skip-per-category", "--selection",
+                 "--max-prompt-chars"}
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in selecting:
+            skip = True
+        else:
+            kept.append(arg)
+    return kept + ["--traces", str(traces)]
 
 
 def test_replay_report_has_the_resolution_section_below_the_rounds_table(tmp_path):
@@ -1156,14 +1189,15 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
     markdown = (tmp_path / "out" / "first.md").read_text()
     assert "`best_constant`" in markdown and "0.500 s per target forward" in markdown
     assert "| `best_constant` |" in markdown.split("## Rounds")[1]
-    again = replay.main(argv + ["--name", "again", "--traces", str(tmp_path / "out" / "first.json")],
+    again = replay.main(_traced(argv, tmp_path / "out" / "first.json") + ["--name", "again"],
                         load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
     assert again["records"] == results["records"]
     # Per-length costs (a verify_cost.py JSON) instead of the line: fixed lengths make the same rounds; v(2) is priced.
     verify_file = tmp_path / "verify.json"
     verify = {str(k): 0.5 + (0.4 if k == 2 else 0.05 * k) for k in range(13)}
     verify_file.write_text(json.dumps({"verify_seconds": verify, "draft_step": 0.1, "prompt_tokens": 51}))
-    without_costs = argv[:4] + argv[6:] + ["--traces", str(tmp_path / "out" / "first.json")]
+    at = argv.index("--costs")
+    without_costs = _traced(argv[:at] + argv[at + 2:], tmp_path / "out" / "first.json")
     by_length = replay.main(without_costs + ["--name", "by_length", "--verify-cost", str(verify_file)],
                             load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
 
@@ -1179,7 +1213,7 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
             replay.main(neither_or_both, load_pair=tiny_pair)
     live = [{**r, "target_forwards": r["target_forwards"] + (r["prompt_id"].endswith(":3"))}
             for r in results["records"] if r["method"] == "semspec:exact/constant:2"]
-    (tmp_path / "live_run.json").write_text(json.dumps({"records": live}))
+    (tmp_path / "live_run.json").write_text(json.dumps({"aggregates": {}, "records": live}))
     checked = replay.check_against(tmp_path / "live_run.json", results["records"], COSTS)
     third = next(r for r in live if r["prompt_id"].endswith(":3"))  # live made one more forward on that prompt
     slower = (COSTS["seconds_per_target_forward"] * third["target_forwards"]
@@ -1191,9 +1225,9 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
     described = next(m for m in results["methods"] if m["name"] == "semspec:exact/constant:2")
     assert described["draft_length_config"]["num_tokens"] == 2
     changed = {**described, "draft_length_config": {**described["draft_length_config"], "num_tokens": 3}}
-    (tmp_path / "live_run.json").write_text(json.dumps({"records": live, "methods": [changed]}))
+    (tmp_path / "live_run.json").write_text(json.dumps({"aggregates": {}, "records": live, "methods": [changed]}))
     assert replay.check_against(tmp_path / "live_run.json", results["records"], COSTS, results["methods"]) == {}
-    (tmp_path / "live_run.json").write_text(json.dumps({"records": live, "methods": [described]}))
+    (tmp_path / "live_run.json").write_text(json.dumps({"aggregates": {}, "records": live, "methods": [described]}))
     assert replay.check_against(tmp_path / "live_run.json", results["records"], COSTS, results["methods"]) == checked
     # Traces saved before entropies were recorded replay fixed budgets only.
     saved = json.loads((tmp_path / "out" / "first.json").read_text())
@@ -1201,30 +1235,40 @@ def test_replay_end_to_end_writes_the_comparison_and_reuses_its_traces(tmp_path)
         del trace["entropies"]
     (tmp_path / "old.json").write_text(json.dumps(saved))
     with pytest.raises(ValueError, match="needs the trace's draft entropies"):
-        replay.main(argv[:-1] + ["svip", "--traces", str(tmp_path / "old.json")], load_pair=tiny_pair)
+        replay.main(_traced(argv[:-1] + ["svip"], tmp_path / "old.json"), load_pair=tiny_pair)
 
 
 def test_replay_with_several_noise_seeds_replays_each_from_a_fresh_policy(tmp_path):
     argv = _replay_argv(tmp_path, "constant:2,tapout")[0] + ["--round-time-noise", "0.3"]
     results = replay.main(argv + ["--name", "seeds", "--seeds", "3"], load_pair=tiny_pair)
-    traces = ["--traces", str(tmp_path / "out" / "seeds.json")]
+    traced = _traced(argv, tmp_path / "out" / "seeds.json")
     assert len(results["records"]) == 2 * 3 * 2  # methods × seeds × prompts
     for seed in (0, 2):  # seed 2 alone, from an untrained tapout, makes the same rounds as the third of three
-        alone = replay.main(argv + traces + ["--name", f"seed{seed}", "--seed", str(seed)], load_pair=tiny_pair)
+        alone = replay.main(traced + ["--name", f"seed{seed}", "--seed", str(seed)], load_pair=tiny_pair)
         assert alone["records"] == [r for r in results["records"] if r["seed"] == seed]
     markdown = (tmp_path / "out" / "seeds.md").read_text()
     assert "seeds 0 to 2, a fresh policy each" in markdown and "| `tapout` |" in markdown
     with pytest.raises(ValueError, match="--seeds: got 3 with --round-time-noise 0.0"):
-        replay.main(argv[:-2] + traces + ["--seeds", "3"], load_pair=tiny_pair)
+        replay.main(_traced(argv[:-2], tmp_path / "out" / "seeds.json") + ["--seeds", "3"], load_pair=tiny_pair)
     with pytest.raises(ValueError, match="--skip-per-category: got -1; expected >= 0"):
-        replay.main(argv + traces + ["--skip-per-category", "-1"], load_pair=tiny_pair)
+        replay.main(argv + ["--skip-per-category", "-1"], load_pair=lambda *a, **k: pytest.fail("loaded models"))
+    # With --traces, options that choose the prompts to trace would do nothing: refused, not ignored.
+    with pytest.raises(ValueError, match=r"--prompts-per-category, --max-new-tokens with --traces: .* Fix: drop"):
+        replay.main(traced + ["--max-new-tokens", "256", "--prompts-per-category", "3"], load_pair=tiny_pair)
+    # A file of another kind where a replay's or a run's is expected.
+    with pytest.raises(ValueError, match=r"--traces .*live.json: expected a replay's results .*, got a live run's "
+                                         r"results .*Fix: pass a replay's results JSON there"):
+        replay.main(_traced(argv, tmp_path / "live.json"), load_pair=tiny_pair)
+    with pytest.raises(ValueError, match=r"--costs .*seeds.json: expected a live run's results .*, got a replay's"):
+        replay.main(_traced(argv, tmp_path / "out" / "seeds.json")[:-4] + ["--costs", str(tmp_path / "out" / "seeds.json")]
+                    + ["--traces", str(tmp_path / "out" / "seeds.json")], load_pair=tiny_pair)
 
 
 def test_replay_fresh_per_prompt_starts_every_prompt_from_an_untrained_policy(tmp_path):
     argv = _replay_argv(tmp_path, "heuristic,tapout")[0]
     shared = replay.main(argv + ["--name", "shared"], load_pair=tiny_pair)
-    traces = ["--traces", str(tmp_path / "out" / "shared.json")]
-    fresh = replay.main(argv + traces + ["--name", "fresh", "--fresh-per-prompt"], load_pair=tiny_pair)
+    fresh = replay.main(_traced(argv, tmp_path / "out" / "shared.json") + ["--name", "fresh", "--fresh-per-prompt"],
+                        load_pair=tiny_pair)
     default_tokens = RULES.get("exact").default_num_draft_tokens
     for name in ("heuristic", "tapout"):
         for trace in shared["traces"]:
@@ -1248,8 +1292,8 @@ def test_replay_fresh_per_prompt_starts_every_prompt_from_an_untrained_policy(tm
 def test_replay_policy_state_category_learns_each_category_on_its_own_prompts(tmp_path):
     argv = _replay_argv(tmp_path, "tapout")[0] + ["--prompts-per-category", "2"]
     shared = replay.main(argv + ["--name", "shared"], load_pair=tiny_pair)
-    traces = ["--traces", str(tmp_path / "out" / "shared.json")]
-    per_category = replay.main(argv + traces + ["--name", "kind", "--policy-state", "category"], load_pair=tiny_pair)
+    per_category = replay.main(_traced(argv, tmp_path / "out" / "shared.json")
+                               + ["--name", "kind", "--policy-state", "category"], load_pair=tiny_pair)
     assert [t["category"] for t in shared["traces"]] == ["writing", "qa", "writing", "qa"]
     default_tokens = RULES.get("exact").default_num_draft_tokens
     for category in ("writing", "qa"):
@@ -1304,3 +1348,54 @@ def test_stock_method_leaves_the_drafts_generation_config_as_it_was():
     semspec = methods.Method("semspec:exact", "semspec", rule="exact")
     ours = methods.generate(semspec, pair, inputs, max_new_tokens=8, do_sample=False)
     assert len(ours.acceptance_stats.drafted_per_position) == RULES.get("exact").default_num_draft_tokens
+
+
+def test_the_timed_loop_starts_the_policies_that_learn_untrained(tmp_path, monkeypatch):
+    # The warm-up runs every method on the first prompt: what a policy learned there (unrecorded, profiled) must not
+    # carry into the timed loop, which replay.py reproduces from untrained policies.
+    write_tiny_data(tmp_path / "data")
+    seen = {}
+    timed_loop = run.timed_loop
+
+    def checking(method_list, *args, **kwargs):
+        for method in method_list:
+            if method.policy is not None:
+                first = getattr(method.policy.config, "first_length", lambda: None)()
+                seen[method.name] = (getattr(method.policy, "num_tokens", None), list(getattr(method.policy, "pulls", [])),
+                                     first)
+        return timed_loop(method_list, *args, **kwargs)
+
+    monkeypatch.setattr(run, "timed_loop", checking)
+    threads = torch.get_num_threads()
+    try:
+        run.main(["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
+                  "--max-new-tokens", "12", "--gsm8k", "0", "--threads", "1", "--rules", "exact", "--skip-stock",
+                  "--no-profile-breakdown", "--draft-lengths",
+                  'heuristic,tapout(arms=["constant:2","constant:5"];reward=tokens_per_forward)'],
+                 load_pair=tiny_pair)
+    finally:
+        torch.set_num_threads(threads)
+    heuristic = seen["semspec:exact/heuristic"]
+    assert heuristic[0] == heuristic[2] is not None  # at its first length, not where the warm-up left it
+    tapout = next(v for k, v in seen.items() if "tapout" in k)
+    assert tapout[1] == [0, 0]  # no arm pulled yet
+
+
+@pytest.mark.parametrize("flag, value", [("--limit", "-1"), ("--prompts-per-category", "0"),
+                                         ("--num-assistant-tokens", "0"), ("--max-new-tokens", "-3"),
+                                         ("--stock-confidence-threshold", "2"), ("--threads", "0")])
+def test_run_refuses_numbers_out_of_range_naming_the_flag(flag, value, capsys):
+    # They were taken silently: --limit -1 dropped a prompt, --num-assistant-tokens 0 ran the rule's default.
+    with pytest.raises(SystemExit):
+        run.build_parser().parse_args([flag, value])
+    assert f"argument {flag}: expected " in capsys.readouterr().err
+
+
+def test_run_checks_rules_and_options_before_loading_models(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    never = lambda *a, **k: pytest.fail("models loaded before the options were checked")  # noqa: E731
+    common = ["--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--gsm8k", "0"]
+    with pytest.raises(SemSpecConfigError, match=r"unknown option\(s\) \['bta'\] for 'ears'"):
+        run.main(common + ["--rules", "ears", "--acceptance-kwargs", '{"ears": {"bta": 1}}'], load_pair=never)
+    with pytest.raises(SemSpecConfigError, match=r"svip"):
+        run.main(common + ["--rules", "exact", "--draft-lengths", "svip(threshold=-1)"], load_pair=never)

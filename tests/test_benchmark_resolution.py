@@ -133,6 +133,18 @@ def test_pool_writes_the_table_over_files_and_refuses_what_it_cannot_pool(tmp_pa
     with pytest.raises(ValueError, match=r"other.json: its setting differs .*'methods': \{'semspec:fly/tapout': "
                                          r"\(\(None, 'run'\), \(\{'bandit': 'ucb1'\}, 'run'\)\)\}"):
         resolution.pool([paths[0], other])
+    # Records decoded with other budgets, or a draft in another dtype, are another experiment too.
+    other.write_text(json.dumps({**second, "records": [{**r, "max_new_tokens": 256} for r in second["records"]]}),
+                     encoding="utf-8")
+    with_budget = tmp_path / "with_budget.json"
+    with_budget.write_text(json.dumps({**first, "records": [{**r, "max_new_tokens": 64} for r in first["records"]]}),
+                           encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its setting differs .*'max_new_tokens \(a\)': \(\[64\], \[256\]\)"):
+        resolution.pool([with_budget, other])
+    other.write_text(json.dumps({**second, "models": {"draft_dtype": "float32"}}), encoding="utf-8")
+    with_budget.write_text(json.dumps({**first, "models": {"draft_dtype": "bfloat16"}}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its setting differs .*'draft_dtype': \('bfloat16', 'float32'\)"):
+        resolution.pool([with_budget, other])
     replays = []
     for path, results, state, cost in zip(paths, (first, second), ("run", "category"), (1.0, 1.0 + 1e-15)):
         replays.append(path.with_name(f"replay_{path.name}"))

@@ -36,7 +36,7 @@ class ModelDrafter:
 
     Pruned-vocabulary drafters (see `hf_semspec.drafters`) are supported through two optional attributes of the
     draft model: `kept_token_ids` (`torch.LongTensor` of shape `(K,)`), the target ids of its K output logits, and,
-    for RDK, `rdk_indices` / `rdk_weights` (shapes `(K, m)`), a sparse row-stochastic kernel from each kept token
+    for RDK, `rdk_indices` / `rdk_weights` (shapes `(K, m + 1)`), a sparse row-stochastic kernel from each kept token
     to target ids. Drafts and their distribution are returned in target ids, so the loop and every rule see the
     target's vocabulary only.
 
@@ -174,7 +174,7 @@ def redistribute(
     Args:
         q (`torch.FloatTensor` of shape `(batch, vocab)`): the draft distribution, zero outside the kept ids.
         kept_token_ids (`torch.LongTensor` of shape `(K,)`): the kept ids, the kernel's rows.
-        indices (`torch.LongTensor` of shape `(K, m)`), weights (`torch.FloatTensor` of shape `(K, m)`): row k
+        indices (`torch.LongTensor` of shape `(K, m + 1)`), weights (`torch.FloatTensor` of shape `(K, m + 1)`): row k
             sends the mass of `kept_token_ids[k]` to `indices[k]` in proportions `weights[k]` (each row sums to 1).
 
     Returns:

@@ -480,6 +480,7 @@ def generate(
     # 2. Build and validate everything before transformers prepares the inputs.
     rule = RULES.build(rule_name, rule_kwargs)
     _check_models(model, assistant_model)
+    rule.check_target_model(model)
     rule.check_assistant_model(assistant_model)
     policy = _build_draft_length_policy(
         draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule

@@ -378,3 +378,13 @@ def test_naive_criterion_does_not_ask_the_drafter_for_q(attached, close_draft):
         max_new_tokens=12, return_dict_in_generate=True,
     )
     assert out.acceptance_stats.num_drafted > 0
+
+
+@pytest.mark.parametrize("option, value", [("logits_scaling", 16.0), ("logit_scale", 0.0625),
+                                           ("final_logit_softcapping", 30.0)])
+def test_a_target_that_transforms_its_logits_after_the_head_is_refused(attached, close_draft, monkeypatch, option, value):
+    # Its K heads would be target_logits + W·(h_k − h) at the raw head's scale: for Granite (logits / 16) that put the
+    # heads' argmax elsewhere in 27 of 30 positions.
+    monkeypatch.setattr(attached.config, option, value, raising=False)
+    with pytest.raises(SemSpecConfigError, match=rf"`model.config.{option}` = {value} .*Fix: use acceptance='fly'"):
+        attached.generate(prompt(6), assistant_model=close_draft, acceptance="dropmatch", max_new_tokens=4)

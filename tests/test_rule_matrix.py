@@ -184,7 +184,8 @@ def test_end_to_end_on_tiny_models(attached, close_draft, rdk_draft, name, do_sa
     rule_class = RULES.get(name)
     ids = prompt(8)
     draft = rdk_draft if rule_class.redistributes_draft else close_draft
-    kwargs = dict(assistant_model=draft, acceptance=name, max_new_tokens=16, do_sample=do_sample, return_dict_in_generate=True)
+    kwargs = dict(assistant_model=draft, acceptance=name, max_new_tokens=16, min_new_tokens=16, do_sample=do_sample,
+                  return_dict_in_generate=True)  # (min_new_tokens: no EOS cuts a round, so each round emits n + 1)
     supported = rule_class.supports_sampling if do_sample else rule_class.supports_greedy
     if not supported:
         with pytest.raises(SemSpecConfigError, match=rf"`do_sample` = {do_sample}.*acceptance='{name}'"):
@@ -193,10 +194,13 @@ def test_end_to_end_on_tiny_models(attached, close_draft, rdk_draft, name, do_sa
     torch.manual_seed(0)
     out = attached.generate(ids, **kwargs)
     new = out.sequences.shape[1] - ids.shape[1]
-    assert 1 <= new <= 16
+    assert new == 16
     stats = out.acceptance_stats
     assert stats.num_new_tokens == new
-    assert stats.num_target_forwards >= 1 and stats.num_accepted <= stats.num_drafted
+    # The counters against the output: every round emitted its accepted drafts and one target token.
+    assert stats.num_accepted + stats.num_target_forwards == new
+    assert sum(stats.accepted_per_position) == stats.num_accepted and sum(stats.drafted_per_position) == stats.num_drafted
+    assert all(a <= d for a, d in zip(stats.accepted_per_position, stats.drafted_per_position))
     torch.manual_seed(0)
     assert torch.equal(attached.generate(ids, **kwargs).sequences, out.sequences)
 
@@ -206,3 +210,38 @@ def test_rule_instances_do_not_share_counters(name):
     a, b = make_rule(name), make_rule(name)
     assert a.counters is not b.counters
     assert copy.deepcopy(a.config) == a.config
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_a_draft_the_processors_forbid_is_never_accepted(name, do_sample):
+    """Whatever the rule: a draft whose target logit is −inf (outside top-k / top-p, a bad word) is rejected. A
+    uniform target makes the relaxed rules accept everything else (fly flips it: high entropy, the window matches)."""
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    draft = torch.tensor([[3, 0, 0, 0, 0, 0, 0, 0]])
+    inputs = make_inputs(torch.zeros(1, 9, HIDDEN), draft, do_sample)
+    inputs.target_logits[0, 0, 3] = float("-inf")  # the processors forbid the first draft
+    result = rule.verify(inputs)
+    assert result.num_accepted.tolist() == [0]
+    assert result.next_token.item() != 3
+
+
+@pytest.mark.parametrize("name", [n for n in RULE_NAMES if RULES.get(n).supports_sampling and not RULES.get(n).redistributes_draft])
+def test_sampled_output_stays_inside_the_processors_support(attached, name):
+    """End to end with top_k: every emitted token has a finite processed target score (fly's window and dropmatch's
+    JS test emitted tokens outside the target's top-k before the base class rejected forbidden drafts)."""
+    from conftest import perturbed_copy
+
+    draft = perturbed_copy(attached, scale=0.6, seed=2)  # its top-3 often differs from the target's
+    options = {"fly": {"window": 2}}.get(name, {})
+    emitted = 0
+    for seed in range(4):
+        torch.manual_seed(seed)
+        ids = prompt(8, seed=seed)
+        out = attached.generate(ids, assistant_model=draft, acceptance=name, acceptance_kwargs=options, do_sample=True,
+                                top_k=3, num_assistant_tokens=8, max_new_tokens=24, return_dict_in_generate=True,
+                                output_scores=True)
+        for i, token in enumerate(out.sequences[0, ids.shape[1]:].tolist()):
+            assert out.scores[i][0, token] > float("-inf"), (name, seed, i)
+            emitted += 1
+    assert emitted > 24  # (a generation may end early at an EOS)

@@ -11,6 +11,7 @@ import torch
 def entropy(probs: torch.Tensor) -> torch.Tensor:
     """H(q) = -Σ_v q(v) ln q(v) per row of `probs` (shape `(..., vocab)`), in nats, computed in float32 on the
     tensor's device (no host sync); 0·ln 0 = 0, so tokens masked by top-k/top-p count for nothing. A q with NaN (an
-    overflowing draft) gives +inf, the most uncertain value, so that every policy reading it stops the round: a
-    NaN would compare False against any threshold and keep drafting to the cap."""
+    overflowing draft) gives +inf, the most uncertain value: `svip` and `adaedl` stop there, and `cost_aware` prices
+    the draft at its least confident bin. (A NaN compares False against any threshold: it kept them drafting to the
+    cap.)"""
     return torch.nan_to_num(torch.special.entr(probs.float()).sum(-1), nan=float("inf"))

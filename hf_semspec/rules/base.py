@@ -126,6 +126,10 @@ class VerificationInput:
         """p_i(x̂_i), shape `(batch, γ)`."""
         return self.target_probs[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
 
+    def drafts_allowed(self) -> torch.BoolTensor:
+        """Whether the logits processors left each draft possible (its target logit above −inf), shape `(batch, γ)`."""
+        return self.target_logits[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1) > float("-inf")
+
     def draft_prob_of_drafts(self) -> torch.FloatTensor:
         """q_i(x̂_i), shape `(batch, γ)`; needs `draft_probs`."""
         return self.draft_probs.float().gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
@@ -152,7 +156,9 @@ class VerificationResult:
 
 
 class AcceptanceRule(ABC):
-    """Base of every acceptance rule; subclasses implement `accept` and, optionally, `rejection_token`.
+    """Base of every acceptance rule; subclasses implement `accept` and, optionally, `rejection_token`. `verify` owns
+    the rest: the first-rejection cut, the bonus token, the counters, and the one rule every rule obeys: a draft the
+    logits processors forbid (target logit −inf) is never accepted.
 
     Class attributes a rule sets:
         name (`str`): the value of `acceptance=` that selects it.
@@ -194,6 +200,9 @@ class AcceptanceRule(ABC):
                 f"{other} only, for acceptance='{self.name}'",
                 f"pass {other}, or choose another rule with `acceptance=`",
             )
+
+    def check_target_model(self, model: torch.nn.Module) -> None:
+        """Raises before decoding when the target model lacks what the rule needs (nothing, unless a rule says)."""
 
     def check_assistant_model(self, assistant_model: torch.nn.Module) -> None:
         """Raises before decoding when the draft model lacks what the rule needs."""
@@ -244,7 +253,11 @@ class AcceptanceRule(ABC):
             next_token = self.target_token(inputs, num_accepted)
             num_matched = num_accepted if self.deferred_window is not None else None
         else:
-            accepted = self.accept(inputs)
+            # Whatever the rule, a draft the logits processors forbid (logit −inf: outside top-k / top-p, a bad word,
+            # a suppressed token) is rejected, so the output stays where the user's processors put it. A relaxed
+            # rule's own test need not look at p(x̂) (fly's window, dropmatch's JS spread); exact and ears reject
+            # these drafts anyway.
+            accepted = self.accept(inputs) & inputs.drafts_allowed()
             # The sequence keeps the longest all-accepted prefix: n = Σ_i Π_{j≤i} accepted_j.
             num_accepted = accepted.long().cumprod(-1).sum(-1)
             bonus = self.target_token(inputs, num_accepted)  # valid where n == γ (row γ is the bonus row)

@@ -88,6 +88,7 @@ import torch
 from torch.special import xlogy
 
 from ..component_config import Range
+from ..errors import invalid_value
 from .base import (
     AcceptanceRule,
     RuleConfig,
@@ -210,6 +211,26 @@ class DropMatchRule(AcceptanceRule):
         self._mask_generators: dict[torch.device, torch.Generator] = {}
         # Only the JS criterion compares q with the heads; `naive` spares the drafter a full softmax per greedy step.
         self.requires_draft_probs = self.config.criterion == "js"
+
+    def check_target_model(self, model: torch.nn.Module) -> None:
+        """The K heads are `target_logits + W·(h⁽ᵏ⁾ − h)`, which is `W·h⁽ᵏ⁾ + b` only when the logits are the head's
+        output as it is. A model that scales or caps them after the head (Granite's `logits_scaling`, Cohere's
+        `logit_scale`, Gemma 2's `final_logit_softcapping`) would get its perturbation at the wrong scale: refused."""
+        text_config = model.config.get_text_config()
+        transforms = {
+            "logits_scaling": (getattr(text_config, "logits_scaling", None), (None, 1, 1.0)),
+            "logit_scale": (getattr(text_config, "logit_scale", None), (None, 1, 1.0)),
+            "final_logit_softcapping": (getattr(text_config, "final_logit_softcapping", None), (None, 0, 0.0)),
+        }
+        for option, (value, plain) in transforms.items():
+            if value not in plain:
+                raise invalid_value(
+                    f"model.config.{option}",
+                    value,
+                    f"{plain[0]} for acceptance='dropmatch' (its dropout heads perturb the LM head's raw output, "
+                    "which this model transforms before its logits)",
+                    "use acceptance='fly' or 'ears' with this model",
+                )
 
     def _mask_generator(self, inputs: VerificationInput, device: torch.device) -> torch.Generator | None:
         if self.config.seed is None:

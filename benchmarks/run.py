@@ -168,7 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="which prompts of a category (default: the profile's)")
     p.add_argument("--max-prompt-chars", type=_at_least(0), default=None,
                    help="leave out prompts longer than this (default: the profile's, 300 in quick; 0 = no cap)")
-    p.add_argument("--limit", type=_at_least(1), default=None,
+    p.add_argument("--limit", type=_at_least(0), default=None,
                    help="at most this many Spec-Bench/custom prompts: the first of the selection, after every other "
                         "option that chooses them (--same-prompts-as included)")
     p.add_argument("--categories", default=None,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 import json
 import logging
@@ -20,6 +21,7 @@ from transformers.generation import StopStringCriteria
 from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
+from .component_config import default_of
 from .draft_length.base import default_length
 from .errors import invalid_value
 from .rules import RULES, AcceptanceRule
@@ -41,30 +43,31 @@ def _resolve_component(
     generation_config: GenerationConfig | None,
     model_generation_config: GenerationConfig | None,
 ) -> tuple[Any, Any, str | None]:
-    """Finds `(name, options, source)` for one component, by priority: the call's kwargs, the `generation_config`
-    passed to the call, the model's own generation config. Options come from the same source as the name, unless a
-    source above it gives options without a name (the call's `acceptance_kwargs`, or a passed config's): those are
-    for the name found below, as transformers lets each field of a passed config win over the model's. So one rule's
-    options never leak into another rule named above them. Options given without a name anywhere are an error."""
+    """Finds `(name, options, source)` for one component. The name: the first set of the call's, the passed
+    `generation_config`'s, the model's. The options, as transformers merges a call into a passed config and that
+    into the model's, field by field: the first set, in the same order, of those given for that name, i.e. with no
+    name beside them or the same one. So a rule's options never reach another rule, and options given without a
+    name anywhere (in the call or a passed config) are an error rather than dropped."""
     name_field, kwargs_field = fields
-    sources = [("call", call_name, call_kwargs)]
-    for source, config in (("generation_config", generation_config), ("model", model_generation_config)):
-        sources.append((source, getattr(config, name_field, None), getattr(config, kwargs_field, None)))
-    options_above = None  # (source, options) of the highest source that gives options without a name
-    for source, name, options in sources:
-        if name is not None:
-            return name, options_above[1] if options_above is not None else options, source
-        if options is not None and options_above is None:
-            options_above = (source, options)
-    if options_above is not None and options_above[0] != "model":  # (the model's alone: stock decoding, as before)
-        source, options = options_above
-        raise invalid_value(
-            kwargs_field if source == "call" else f"generation_config.{kwargs_field}",
-            options,
-            f"only together with `{name_field}`",
-            f"also set {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
-        )
-    return None, None, None
+    sources = [("call", call_name, call_kwargs)] + [
+        (source, getattr(config, name_field, None), getattr(config, kwargs_field, None))
+        for source, config in (("generation_config", generation_config), ("model", model_generation_config))
+    ]
+    named = next(((source, name) for source, name, _ in sources if name is not None), None)
+    if named is None:
+        orphan = next(((source, options) for source, _, options in sources[:2] if options is not None), None)
+        if orphan is not None:  # (the model's alone: stock decoding, as before)
+            source, options = orphan
+            raise invalid_value(
+                kwargs_field if source == "call" else f"generation_config.{kwargs_field}",
+                options,
+                f"only together with `{name_field}`",
+                f"also set {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
+            )
+        return None, None, None
+    source, name = named
+    options = next((options for _, own, options in sources if options is not None and own in (None, name)), None)
+    return name, options, source
 
 
 def _first_set(*values: Any) -> Any:
@@ -116,26 +119,47 @@ def _stop_strings_as_criteria(
     return criteria, generation_config
 
 
-def _resolve_num_assistant_tokens(
-    kwargs: dict, generation_config: GenerationConfig | None, model, assistant_model
-) -> int | None:
-    """`num_assistant_tokens` from the call, else the passed, the model's or the draft's generation config. (Stock
-    transformers reads it from the *draft's* generation config alone and ignores the call's; we honour the call
-    first, and the draft's last, so that a draft set up for stock assisted generation keeps its length.)"""
+def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationConfig | None, model) -> int | None:
+    """`num_assistant_tokens` from the call, else the passed or the model's generation config. (Stock transformers
+    reads it from the *draft's* generation config and ignores the call's; we honour the call, and read the draft's
+    as a default only: `_drafts_own_length`.)"""
     value = _first_set(
         kwargs.get("num_assistant_tokens"),
         getattr(generation_config, "num_assistant_tokens", None),
         model.generation_config.num_assistant_tokens,
-        getattr(getattr(assistant_model, "generation_config", None), "num_assistant_tokens", None),
     )
+    return _checked_length("num_assistant_tokens", value)
+
+
+def _drafts_own_length(assistant_model) -> int | None:
+    """The draft's `generation_config.num_assistant_tokens`, where stock assisted generation reads γ: the length a
+    policy whose length is unset starts from, before the rule's default. Not a value the caller gave this call, so it
+    never conflicts with the policy's own options."""
+    value = getattr(getattr(assistant_model, "generation_config", None), "num_assistant_tokens", None)
+    return _checked_length("assistant_model.generation_config.num_assistant_tokens", value)
+
+
+def _checked_length(field: str, value: Any) -> int | None:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS):
         raise invalid_value(
-            "num_assistant_tokens",
+            field,
             value,
             f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)",
             "pass e.g. num_assistant_tokens=5, or leave it unset for the defaults",
         )
     return value
+
+
+def _length_set_in(options: Any, config_class: type, length_field: str) -> Any:
+    """The length `options` set explicitly: a dict's key, or a config instance's field where it differs from the
+    field's default (an instance cannot say which fields were given); None where they leave it to the defaults."""
+    if isinstance(options, dict):
+        return options.get(length_field)
+    if isinstance(options, config_class):
+        default = next(default_of(f) for f in dataclasses.fields(config_class) if f.name == length_field)
+        value = getattr(options, length_field)
+        return value if value != default else None
+    return None
 
 
 # transformers' `num_assistant_tokens_schedule` values and the policy each one means.
@@ -256,14 +280,14 @@ def _build_draft_length_policy(
     policy_class = POLICIES.get(name)
     config = policy_class.config_class.from_kwargs(options)
     length_field = policy_class.length_field
-    num_assistant_tokens = _resolve_num_assistant_tokens(kwargs, generation_config, model, assistant_model)
+    num_assistant_tokens = _resolve_num_assistant_tokens(kwargs, generation_config, model)
     if length_field is not None:
-        set_by_user = isinstance(options, dict) and options.get(length_field) is not None
+        set_by_user = _length_set_in(options, policy_class.config_class, length_field)
         if num_assistant_tokens is not None:
-            if set_by_user and options[length_field] != num_assistant_tokens:
+            if set_by_user is not None and set_by_user != num_assistant_tokens:
                 raise invalid_value(
                     f"draft_length_kwargs['{length_field}']",
-                    options[length_field],
+                    set_by_user,
                     f"the same value as num_assistant_tokens={num_assistant_tokens} when both are given",
                     "give only one of the two",
                 )
@@ -277,7 +301,9 @@ def _build_draft_length_policy(
                 )
             setattr(config, length_field, num_assistant_tokens)
         elif getattr(config, length_field) is None:
-            setattr(config, length_field, default_length(config, length_field, rule.default_num_draft_tokens))
+            # Unset: the draft's own length (set up for stock assisted generation), else the rule's default.
+            start = _first_set(_drafts_own_length(assistant_model), rule.default_num_draft_tokens)
+            setattr(config, length_field, default_length(config, length_field, start))
         config.validate()
     if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
@@ -374,10 +400,10 @@ def generate(
             length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
-            else from the passed, the target's or (as stock transformers reads it) the draft's generation config;
-            default: the rule's `default_num_draft_tokens` for a fixed or initial length, the policy's own cap for
-            one that stops per token (`svip`, `adaedl`, `cost_aware`). Not with a policy instance, whose config sets
-            it.
+            else from the passed or the target's generation config; default: the draft's generation config's (as
+            stock transformers reads it), else the rule's `default_num_draft_tokens`, for a fixed or initial length;
+            the policy's own cap for one that stops per token (`svip`, `adaedl`, `cost_aware`). Not with a policy
+            instance, whose config sets it.
         All other arguments: as `transformers.GenerationMixin.generate`.
 
     Returns:

@@ -1043,3 +1043,57 @@ def test_an_arm_length_in_other_digits_is_a_config_error():
     # "²".isdigit() is True but int("²") raises: the check must not pass it on to int().
     with pytest.raises(hf_semspec.SemSpecConfigError, match=r"lengths in .* after ':' \('constant:²' is not\)"):
         TapOutConfig(arms=["constant:²", "svip"]).validate()
+
+
+def test_a_cut_round_reaches_every_learner():
+    """The other consumers of `cut`: heuristic (+2, as transformers, which reads the uncut matches), tapout's default
+    fitted-time reward (the tokens emitted), cost_aware's token rate, and its flip statistics under a window (no
+    flip trial when the cut came before the first failed draft)."""
+    from hf_semspec.draft_length.cost_aware import CostAwareConfig, CostAwarePolicy
+    from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
+    from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
+
+    cut, rejected = _cut_and_rejected(8, 5)
+    lengths = {}
+    for outcome in (cut, rejected):
+        policy = HeuristicPolicy(HeuristicConfig(initial_tokens=8))
+        policy.observe(outcome)
+        lengths[outcome.cut] = policy.num_tokens
+    assert lengths == {True: 10, False: 7}
+
+    emitted = {}
+    for outcome in (cut, rejected):
+        policy = TapOutPolicy(TapOutConfig(arms=["constant:8", "constant:3"]))  # reward: tokens per fitted second
+        policy.max_tokens()
+        policy.observe(outcome)
+        emitted[outcome.cut] = policy.tokens_by_length[0][8][0]
+    assert emitted == {True: 5, False: 6}
+
+    rates = {}
+    for outcome in (cut, rejected):
+        policy = CostAwarePolicy(CostAwareConfig())
+        policy.observe(outcome)
+        rates[outcome.cut] = policy.rate_tokens
+    assert rates == {True: 5.0, False: 6.0}
+
+    trials = {}
+    for outcome in _cut_and_rejected(8, 2, num_matched=2):  # draft 3 is where the rule's own test would fail
+        policy = CostAwarePolicy(CostAwareConfig(flip_prior=0.5))
+        policy.set_deferred_window(3)
+        policy.round_bins = [0] * 7
+        policy.observe(outcome)
+        trials[outcome.cut] = policy.flip_trials
+    assert trials == {True: 0.0, False: 1.0}  # cut at draft 2: draft 3's verdict was never output
+
+
+def test_replay_marks_the_round_that_reaches_the_outputs_eos_as_cut():
+    from benchmarks import replay
+    from benchmarks.methods import build_policy
+
+    # Six tokens, the last an EOS, every prediction right: γ = 8 drafts all six and is cut at the EOS.
+    runs = replay.accepted_runs([1] * 6, [1] * 6)
+    policy = build_policy("constant", 8, 5)
+    seen = []
+    policy.observe = seen.append
+    replay.replay(policy, runs, 10, {"seconds_per_target_forward": 0.5, "seconds_per_draft_forward": 0.1})
+    assert [(o.num_drafted, o.num_accepted, o.cut, o.num_emitted) for o in seen] == [(8, 6, True, 6)]

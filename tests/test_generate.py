@@ -446,3 +446,60 @@ def test_the_drafts_generation_config_is_read_last(attached, close_draft, monkey
         named = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=30,
                                   num_assistant_tokens=2, draft_length="constant", return_dict_in_generate=True)
         assert len(named.acceptance_stats.drafted_per_position) == 2  # a policy named in the call wins
+
+
+@pytest.mark.parametrize(
+    "options, drafted",
+    [
+        ({"draft_length": "constant", "draft_length_kwargs": {"num_tokens": 4}}, 4),  # the options win
+        ({"draft_length": "heuristic", "draft_length_kwargs": {"max_tokens": 6}}, 6),  # the draft's 10, capped at 6
+        ({"draft_length": "constant", "draft_length_kwargs": "ConstantConfig(num_tokens=4)"}, 4),
+        ({}, 10),  # nothing else set: the draft's own length
+    ],
+)
+def test_the_drafts_length_is_a_default_that_never_conflicts(attached, close_draft, monkeypatch, options, drafted):
+    # Set up for stock assisted generation; the call does not pass num_assistant_tokens, so nothing conflicts.
+    from hf_semspec.draft_length.constant import ConstantConfig
+
+    monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens", 10)
+    if options.get("draft_length_kwargs") == "ConstantConfig(num_tokens=4)":
+        options = {**options, "draft_length_kwargs": ConstantConfig(num_tokens=4)}
+    out = attached.generate(prompt(6), assistant_model=close_draft, acceptance="exact", max_new_tokens=30,
+                            min_new_tokens=30, return_dict_in_generate=True, **options)
+    assert len(out.acceptance_stats.drafted_per_position) == drafted  # the longest round
+
+
+def test_a_config_instances_own_length_conflicts_with_the_calls_as_a_dicts_does(attached, close_draft):
+    from hf_semspec.draft_length.constant import ConstantConfig
+
+    for options in ({"num_tokens": 4}, ConstantConfig(num_tokens=4)):
+        with pytest.raises(hf_semspec.SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 4 .*"
+                                                                r"num_assistant_tokens=2"):
+            attached.generate(prompt(6), assistant_model=close_draft, acceptance="exact", draft_length="constant",
+                              draft_length_kwargs=options, num_assistant_tokens=2, max_new_tokens=4)
+
+
+def test_options_merge_as_transformers_merges_a_call_into_configs(attached, close_draft, monkeypatch):
+    from hf_semspec.generation import _resolve_component
+
+    fields = ("acceptance", "acceptance_kwargs")
+    model = attached.generation_config
+    monkeypatch.setattr(model, "acceptance", "fly", raising=False)
+    monkeypatch.setattr(model, "acceptance_kwargs", {"window": 2}, raising=False)
+    # The call names the model's rule: the model's options for it stay (field by field), unless the call gives its own.
+    assert _resolve_component("fly", None, fields, None, model) == ("fly", {"window": 2}, "call")
+    assert _resolve_component("fly", {"window": 4}, fields, None, model)[1] == {"window": 4}
+    # ... and a passed config's options for it come before the model's.
+    assert _resolve_component("fly", None, fields, GenerationConfig(acceptance_kwargs={"window": 3}), model)[1] == {"window": 3}
+    assert _resolve_component("fly", None, fields, GenerationConfig(acceptance="fly", acceptance_kwargs={"window": 3}),
+                              model)[1] == {"window": 3}
+    # Another rule's options never follow its name's loss.
+    assert _resolve_component("ears", None, fields, None, model) == ("ears", None, "call")
+    assert _resolve_component("fly", None, fields, GenerationConfig(acceptance="ears", acceptance_kwargs={"beta": 0.2}),
+                              model)[1] == {"window": 2}
+    out = attached.generate(prompt(6), assistant_model=close_draft, acceptance="fly", max_new_tokens=12,
+                            generation_config=GenerationConfig(acceptance_kwargs={"window": 3}, max_new_tokens=12),
+                            return_dict_in_generate=True)
+    again = attached.generate(prompt(6), assistant_model=close_draft, acceptance="fly", acceptance_kwargs={"window": 3},
+                              max_new_tokens=12, return_dict_in_generate=True)
+    assert torch.equal(out.sequences, again.sequences) and out.acceptance_stats == again.acceptance_stats

@@ -245,7 +245,7 @@ class CostAwarePolicy(DraftLengthPolicy):
         self.accepted = [0.0] * num_bins  # a_b
         self.tested = [0.0] * num_bins  # n_b
         self.costs = RoundCostFit()
-        self.rate_tokens = 0.0  # discounted Σ (n + 1) over the rounds
+        self.rate_tokens = 0.0  # discounted Σ of the tokens each round emitted (n + 1, or n in a cut round)
         self.rate_rounds: dict[int, float] = {}  # k → discounted count of the rounds that drafted k
         self.round_bins: list[int] = []  # bins of this round's drafts that keep_drafting saw, in order
         self.survival = 1.0  # P_j of this round

@@ -73,7 +73,9 @@ class HeuristicPolicy(DraftLengthPolicy):
         return self.num_tokens
 
     def observe(self, outcome: RoundOutcome) -> None:
-        if outcome.num_accepted == outcome.num_drafted:
+        # A round cut at the output's end (a drafted EOS, a stop) accepted every draft it output: as in transformers,
+        # whose drafter stops at the EOS and whose schedule reads the uncut matches before the stopping criteria.
+        if outcome.num_accepted == outcome.num_drafted or outcome.cut:
             self.num_tokens = min(self.num_tokens + 2, self.config.max_tokens)
         else:
             self.num_tokens = max(1, self.num_tokens - 1)

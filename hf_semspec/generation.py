@@ -19,9 +19,9 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation import StopStringCriteria
 
 from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
+from .component_config import default_of
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
-from .component_config import default_of
 from .draft_length.base import default_length
 from .errors import invalid_value
 from .rules import RULES, AcceptanceRule

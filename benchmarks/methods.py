@@ -81,15 +81,19 @@ class Method:
         if key is None:
             return self.policy
         if key not in self._keyed_policies:
-            self._keyed_policies[key] = type(self.policy)(copy.deepcopy(self.policy.config))
+            self._keyed_policies[key] = self._untrained_policy()
         return self._keyed_policies[key]
 
     def start_afresh(self) -> None:
         """Forgets what this method's policy learned (after the warm-up): a fresh instance from the same config, and
         no per-category instances yet."""
         if self.policy is not None:
-            self.policy = type(self.policy)(copy.deepcopy(self.policy.config))
+            self.policy = self._untrained_policy()
         self._keyed_policies.clear()
+
+    def _untrained_policy(self) -> DraftLengthPolicy:
+        """A new instance of `policy`'s class from a copy of its config: the same options, nothing learned."""
+        return type(self.policy)(copy.deepcopy(self.policy.config))
 
     def describe(self) -> dict:
         return {"name": self.name, "kind": self.kind, "gamma": self.gamma, "rule": self.rule,

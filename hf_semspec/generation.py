@@ -135,8 +135,14 @@ def _drafts_own_length(assistant_model) -> int | None:
     """The draft's `generation_config.num_assistant_tokens`, where stock assisted generation reads γ: the length a
     policy whose length is unset starts from, before the rule's default. Not a value the caller gave this call, so it
     never conflicts with the policy's own options."""
-    value = getattr(getattr(assistant_model, "generation_config", None), "num_assistant_tokens", None)
+    value = _drafts_setting(assistant_model, "num_assistant_tokens")
     return _checked_length("assistant_model.generation_config.num_assistant_tokens", value)
+
+
+def _drafts_setting(assistant_model, name: str) -> Any:
+    """`assistant_model.generation_config.<name>`, or None for a drafter without a generation config (the pruned
+    drafters' and duck-typed drafters' may be absent)."""
+    return getattr(getattr(assistant_model, "generation_config", None), name, None)
 
 
 def _checked_length(field: str, value: Any) -> int | None:
@@ -264,7 +270,7 @@ def _build_draft_length_policy(
     if schedule is None and name is None:  # the model's (else the draft's) schedule, where no policy is named
         schedule = _first_set(
             model.generation_config.num_assistant_tokens_schedule,
-            getattr(getattr(assistant_model, "generation_config", None), "num_assistant_tokens_schedule", None),
+            _drafts_setting(assistant_model, "num_assistant_tokens_schedule"),
         )
     if schedule is not None and (schedule not in _SCHEDULE_POLICIES or (name is not None and _SCHEDULE_POLICIES[schedule] != name)):
         raise invalid_value(

@@ -109,8 +109,8 @@ def leave_one_out(values: dict[str, dict[str, float]], fixed: list[str], prompts
 
 
 def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> list[dict]:
-    """One row per category (then "overall") for `rule`'s draft-length methods; empty without two fixed lengths or
-    without a category of two prompts.
+    """One row per category (then "overall") for `rule`'s draft-length methods; empty without two fixed lengths. With
+    one prompt a category (the quick profile) only "best overall" and "each prompt's best" are defined, and no error.
 
     A row: `label`, `prompts`, `best` (the best fixed method), `references` ({"tuned on the other prompts",
     "best overall", "each prompt's best"} → ratio to the best, None where undefined) and `policies` (name →
@@ -127,8 +127,6 @@ def rows(methods: list[dict], records: list[dict], costs: dict, rule: str) -> li
             categories.setdefault(r["category"], [])
             if r["prompt_id"] not in categories[r["category"]]:
                 categories[r["category"]].append(r["prompt_id"])
-    if all(len(prompts) < 2 for prompts in categories.values()):
-        return []  # one prompt a category: no leave-one-out, no error
     all_prompts = [p for prompts in categories.values() for p in prompts]
     overall_best = best_fixed(values, fixed, all_prompts)
     tuned = {c: leave_one_out(values, fixed, prompts) for c, prompts in categories.items()}
@@ -179,6 +177,9 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
             ]
         overall = table[-1]
         names = list(overall["policies"])
+        if all(row["prompts"] < 2 for row in table[:-1]):
+            lines += [f"`{rule}` has one prompt a category: each category's ratio is one generation's, with no "
+                      "standard error and no length tuned on other prompts to compare with.", ""]
         header = (["category", "prompts", "best fixed", "tuned on the other prompts",
                    f"best overall (`{overall['overall_best'].split('/', 1)[1]}`)", "each prompt's best"]
                   + [f"`{n.split('/', 1)[1]}`" for n in names])
@@ -199,18 +200,22 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
                                                       for row in rows_with if n in row["policies"]])
                     for n in names]
 
+        # A reference defined nowhere (leave-one-out with one prompt a category) gets no count rather than "0 of 0".
+        defined = [ref for ref in overall["references"] if any(row["references"][ref] is not None for row in categories)]
         to_best = [count(ref, [(row["references"][ref], 1.0) for row in categories
-                               if row["references"][ref] is not None]) for ref in overall["references"]]
+                               if row["references"][ref] is not None]) for ref in defined]
         to_best += [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], 1.0) for row in categories
                                                       if n in row["policies"]]) for n in names]
-        to_tuned = policies_against("tuned on the other prompts")
+        to_tuned = (f" Within 3% of the length tuned on the other prompts: "
+                    f"{', '.join(policies_against('tuned on the other prompts'))}."
+                    if "tuned on the other prompts" in defined else "")
         # The reading where a user sweeps γ once over the whole workload and keeps that one length everywhere.
         to_overall = policies_against("best overall")
         errors = [row["policies"][n][1] for row in categories for n in names
                   if n in row["policies"] and row["policies"][n][1] is not None]
-        lines.append(f"Categories within 3% of their best fixed length: {', '.join(to_best)}. Within 3% of the length "
-                     f"tuned on the other prompts: {', '.join(to_tuned)}. Within 3% of the one length best over all "
-                     f"prompts (`{overall['overall_best'].split('/', 1)[1]}`): {', '.join(to_overall)}."
+        lines.append(f"Categories within 3% of their best fixed length: {', '.join(to_best)}.{to_tuned} Within 3% of "
+                     f"the one length best over all prompts (`{overall['overall_best'].split('/', 1)[1]}`): "
+                     f"{', '.join(to_overall)}."
                      + (f" Median standard error of a policy's category ratio: {statistics.median(errors):.3f}."
                         if errors else ""))
         lines.append("")

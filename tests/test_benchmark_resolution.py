@@ -72,9 +72,16 @@ def test_section_renders_the_table_and_counts():
     text = "\n".join(resolution.section(_methods(), _records({**SPEEDS, "p1": ("a", 2.0, 4.0, 2.5)}), COSTS))
     assert "`tapout` 1 of 2. Within 3% of the length tuned" in text
     assert "Within 3% of the one length best over all prompts (`constant:3`): `tapout` 2 of 2." in text
-    # One prompt a category gives nothing to read: no section (the quick profile's runs).
+    # One prompt a category (the quick profile's runs): no leave-one-out and no errors, but the one length best over
+    # all prompts is still a reference. p1: constant:3 2, constant:8 4, tapout 3; q1: 3, 1, 3. Over both, constant:3
+    # (sqrt(6) > sqrt(4)) is best overall; tapout is 3 / 2 = 1.5 of it on a and 1.00 on b, but 0.75 of a's best.
     single = {p: v for p, v in SPEEDS.items() if p in ("p1", "q1")}
-    assert resolution.section(_methods(), _records(single), COSTS) == []
+    text = "\n".join(resolution.section(_methods(), _records(single), COSTS))
+    assert "`fly` has one prompt a category" in text
+    assert "| a | 1 | `constant:8` | – | 0.50 | 1.00 | 0.75 |" in text
+    assert "Categories within 3% of their best fixed length: best overall 1 of 2, each prompt's best 2 of 2, " \
+           "`tapout` 1 of 2. Within 3% of the one length best over all prompts (`constant:3`): `tapout` 2 of 2." in text
+    assert "tuned on the other prompts 0 of 0" not in text and "Median standard error" not in text
     # Without two fixed lengths there is no best fixed length to compare with.
     no_sweep = [m for m in _methods() if m["name"] != FIXED[1]]
     assert resolution.section(no_sweep, [r for r in _records() if r["method"] != FIXED[1]], COSTS) == []

@@ -201,7 +201,8 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
                     for n in names]
 
         # A reference defined nowhere (leave-one-out with one prompt a category) gets no count rather than "0 of 0".
-        defined = [ref for ref in overall["references"] if any(row["references"][ref] is not None for row in categories)]
+        defined = [ref for ref in overall["references"]
+                   if any(row["references"][ref] is not None for row in categories)]
         to_best = [count(ref, [(row["references"][ref], 1.0) for row in categories
                                if row["references"][ref] is not None]) for ref in defined]
         to_best += [count(f"`{n.split('/', 1)[1]}`", [(row["policies"][n][0], 1.0) for row in categories

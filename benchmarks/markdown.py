@@ -28,14 +28,14 @@ def load_results(path: Path, kind: str, flag: str) -> dict:
     another kind (a replay's given for a run's, a resolution table, ...) gets an error naming the flag, what the file
     is and what is expected, rather than a KeyError later."""
     results = json.loads(Path(path).read_text(encoding="utf-8"))
+    held = results if isinstance(results, dict) else {}
     wanted, keys = RESULTS_KINDS[kind]
-    if isinstance(results, dict) and all(key in results for key in keys):
+    if all(key in held for key in keys):
         return results
-    found = next((text for name, (text, need) in RESULTS_KINDS.items()
-                  if isinstance(results, dict) and all(key in results for key in need)), None)
-    raise ValueError(f"{flag} {path}: expected {wanted}, got "
-                     + (found if found else f"a file without {[k for k in keys if not (isinstance(results, dict) and k in results)]}")
-                     + f". Fix: pass {wanted.split(' (')[0]} JSON there.")
+    found = next((text for text, need in RESULTS_KINDS.values() if all(key in held for key in need)), None)
+    missing = [key for key in keys if key not in held]
+    raise ValueError(f"{flag} {path}: expected {wanted}, got {found or f'a file without {missing}'}. "
+                     f"Fix: pass {wanted.split(' (')[0]} JSON there.")
 
 
 def write_json(path: Path, results: dict) -> None:

@@ -244,13 +244,15 @@ def draft_length_section(results: dict) -> list[str]:
     # A merged or pooled report holds speed-ups of other runs, each against its own run's plain: dividing one by
     # another would be a speed ratio across runs. There, the measured table gives the values alone.
     across_runs = bool(results.get("merged"))
-    lines = ["", "## Draft length: best fixed length vs the policies", "",
-             "Geometric-mean speed-up vs plain; in brackets, the policy's speed-up over the best `constant` length's "
-             "in that row (1.00 = as fast as the best fixed length found by the sweep)." if not across_runs else
-             "Geometric-mean speed-up vs plain, each against the plain decoding of the run that timed it. The runs "
-             "merged here ran at other speeds, so these are not divided by one another: the modeled table below "
-             "compares every method at one set of costs, and the measured speeds over an anchor in the same run are "
-             "in the table of that name above.", ""]
+    caption = (
+        "Geometric-mean speed-up vs plain, each against the plain decoding of the run that timed it. The runs merged "
+        "here ran at other speeds, so these are not divided by one another: the modeled table below compares every "
+        "method at one set of costs, and the measured speeds over an anchor in the same run are in the table of that "
+        "name above." if across_runs else
+        "Geometric-mean speed-up vs plain; in brackets, the policy's speed-up over the best `constant` length's in "
+        "that row (1.00 = as fast as the best fixed length found by the sweep)."
+    )
+    lines = ["", "## Draft length: best fixed length vs the policies", "", caption, ""]
     lines += _policy_tables(described, measured, "×", ratios=not across_runs)
     records = results.get("records") or []
     # Results written before the cost model existed lack it: fit it from their records.

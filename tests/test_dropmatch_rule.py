@@ -380,11 +380,18 @@ def test_naive_criterion_does_not_ask_the_drafter_for_q(attached, close_draft):
     assert out.acceptance_stats.num_drafted > 0
 
 
-@pytest.mark.parametrize("option, value", [("logits_scaling", 16.0), ("logit_scale", 0.0625),
-                                           ("final_logit_softcapping", 30.0)])
-def test_a_target_that_transforms_its_logits_after_the_head_is_refused(attached, close_draft, monkeypatch, option, value):
+@pytest.mark.parametrize("option, value, neutral", [("logits_scaling", 16.0, 1.0), ("logit_scale", 0.0625, 1.0),
+                                                    ("final_logit_softcapping", 30.0, 0.0)])
+def test_a_target_that_transforms_its_logits_after_the_head_is_refused(
+    attached, close_draft, monkeypatch, option, value, neutral
+):
     # Its K heads would be target_logits + W·(h_k − h) at the raw head's scale: for Granite (logits / 16) that put the
-    # heads' argmax elsewhere in 27 of 30 positions.
+    # heads' argmax elsewhere in 27 of 30 positions. The error names the values that leave the logits alone.
     monkeypatch.setattr(attached.config, option, value, raising=False)
-    with pytest.raises(SemSpecConfigError, match=rf"`model.config.{option}` = {value} .*Fix: use acceptance='fly'"):
+    with pytest.raises(
+        SemSpecConfigError, match=rf"`model.config.{option}` = {value} .*None or {neutral} .*Fix: use acceptance='fly'"
+    ):
         attached.generate(prompt(6), assistant_model=close_draft, acceptance="dropmatch", max_new_tokens=4)
+    # The neutral value is the plain head's output: accepted.
+    monkeypatch.setattr(attached.config, option, neutral, raising=False)
+    attached.generate(prompt(6), assistant_model=close_draft, acceptance="dropmatch", max_new_tokens=4)

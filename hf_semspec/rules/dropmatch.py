@@ -217,18 +217,16 @@ class DropMatchRule(AcceptanceRule):
         output as it is. A model that scales or caps them after the head (Granite's `logits_scaling`, Cohere's
         `logit_scale`, Gemma 2's `final_logit_softcapping`) would get its perturbation at the wrong scale: refused."""
         text_config = model.config.get_text_config()
-        transforms = {
-            "logits_scaling": (getattr(text_config, "logits_scaling", None), (None, 1, 1.0)),
-            "logit_scale": (getattr(text_config, "logit_scale", None), (None, 1, 1.0)),
-            "final_logit_softcapping": (getattr(text_config, "final_logit_softcapping", None), (None, 0, 0.0)),
-        }
-        for option, (value, plain) in transforms.items():
-            if value not in plain:
+        # Each option's value that leaves the logits as the head made them (None: the model has no such option).
+        identity = {"logits_scaling": 1.0, "logit_scale": 1.0, "final_logit_softcapping": 0.0}
+        for option, neutral in identity.items():
+            value = getattr(text_config, option, None)
+            if value is not None and value != neutral:
                 raise invalid_value(
                     f"model.config.{option}",
                     value,
-                    f"{plain[0]} for acceptance='dropmatch' (its dropout heads perturb the LM head's raw output, "
-                    "which this model transforms before its logits)",
+                    f"None or {neutral} for acceptance='dropmatch' (its dropout heads perturb the LM head's raw "
+                    "output, which this model transforms before its logits)",
                     "use acceptance='fly' or 'ears' with this model",
                 )
 

@@ -603,3 +603,70 @@ def test_a_pruned_drafter_without_a_rule(attached, draft_model, tokenizer):
     with pytest.raises(SemSpecConfigError, match=r"`acceptance` = None .*pruned-vocabulary drafter.*Fix: pass "
                                                  r"acceptance=\"exact\""):
         attached.generate(prompt(6), assistant_model=drafter, max_new_tokens=4)
+
+
+def test_push_to_a_new_branch_creates_it_first(tmp_path, draft_model, tokenizer):
+    # upload_folder does not create a missing branch (the Hub answers 404); transformers' push_to_hub creates it.
+    drafter = prune_vocabulary(draft_model, tokenizer, keep_ids=[5, 9])
+    api = BranchRecordingApi(tmp_path / "uploaded")
+    drafter.push_to_hub("someone/tiny-pruned", revision="experiment", api=api)
+    assert [name for name, _ in api.calls] == ["create_repo", "create_branch", "upload_folder"]
+    create, branch, upload = (kwargs for _, kwargs in api.calls)
+    assert create["private"] is None  # the account's default visibility, as HfApi.create_repo
+    assert branch["branch"] == "experiment" and branch["exist_ok"] is True
+    assert upload["revision"] == "experiment"
+    api = BranchRecordingApi(tmp_path / "uploaded-pr")
+    drafter.push_to_hub("someone/tiny-pruned", revision="refs/pr/3", api=api)  # a PR ref must exist: no branch made
+    assert [name for name, _ in api.calls] == ["create_repo", "upload_folder"]
+
+
+class BranchRecordingApi(RecordingApi):
+    def create_branch(self, **kwargs):
+        self.calls.append(("create_branch", kwargs))
+
+
+def test_corpus_files_with_a_byte_order_mark(tmp_path):
+    (tmp_path / "c.jsonl").write_text('{"text": "dog cat"}\n', encoding="utf-8-sig")
+    (tmp_path / "c.txt").write_text("dog cat\nsat\n", encoding="utf-8-sig")
+    assert load_corpus_texts(tmp_path / "c.jsonl") == ["dog cat"]
+    assert load_corpus_texts(tmp_path / "c.txt") == ["dog cat", "sat"]  # not "\ufeffdog cat"
+
+
+def test_nothing_to_keep_is_refused_without_special_tokens():
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="the"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    no_specials = PreTrainedTokenizerFast(tokenizer_object=backend)
+    model = tiny_llama(0, bos_token_id=None, eos_token_id=None, pad_token_id=None)
+    assert special_token_ids(no_specials, model, VOCAB) == []
+    with pytest.raises(SemSpecConfigError, match=r"`keep` = 0 is not valid: .*and at least 1\. Fix: pass keep ≥ 1"):
+        prune_vocabulary(model, no_specials, ["dog cat"], keep=0)
+    with pytest.raises(SemSpecConfigError, match=r"`keep_ids` = \[\] is not valid: allowed at least one id"):
+        prune_vocabulary(model, no_specials, keep_ids=[])
+    assert prune_vocabulary(model, no_specials, keep_ids=[5]).kept_token_ids.tolist() == [5]
+
+
+def test_a_kernel_set_by_hand_is_in_the_saved_config_and_the_card(tmp_path, draft_model, tokenizer):
+    drafter = prune_vocabulary(draft_model, tokenizer, ["dog dog cat", "sat on a mat"], keep=20)
+    assert "RDK kernel | none" in drafter.model_card().text
+    kept = drafter.kept_token_ids
+    indices = torch.stack([kept, torch.full_like(kept, 100)], dim=1)  # each kept id → itself (0.75) and id 100
+    drafter.set_rdk_kernel(indices, torch.tensor([[0.75, 0.25]]).expand(kept.numel(), 2))
+    drafter.save_pretrained(tmp_path)
+    recorded = json.loads((tmp_path / "pruning_config.json").read_text())["rdk"]
+    assert recorded == {"form": "set with set_rdk_kernel", "entries_per_row": 2, "mean_self_weight": 0.75}
+    card = PrunedVocabDrafter.from_pretrained(tmp_path).model_card()
+    assert "rdk" in card.data.tags and 'acceptance="rdk"' in card.text
+    assert "| RDK kernel | set with `set_rdk_kernel`: each kept token → 2 target ids |" in card.text
+    assert "| RDK mean self weight | 0.750 |" in card.text
+
+
+def test_a_drafter_of_a_custom_code_model_is_not_saved(tmp_path, tokenizer):
+    # from_pretrained could never load it: the base model's code is not saved with the drafter.
+    model = tiny_llama(0)
+    model.config.auto_map = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
+    drafter = prune_vocabulary(model, tokenizer, keep_ids=[5, 9])
+    assert drafter(input_ids=prompt(4)).logits.shape == (1, 4, drafter.num_kept)  # usable in memory
+    with pytest.raises(SemSpecConfigError, match=r"`config.auto_map` = .*CustomForCausalLM.* allowed None: .*Fix: use "
+                                                 r"this drafter in memory"):
+        drafter.save_pretrained(tmp_path)
+    assert not any(tmp_path.iterdir())

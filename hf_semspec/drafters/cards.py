@@ -174,11 +174,16 @@ def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | N
         ),
         *_describe_selection(info.get("selection", {})),
     ]
-    if rdk:
+    if rdk and "neighbours" in rdk:  # built by prune_vocabulary(..., rdk=True)
         facts += [
             ("RDK kernel", f"each kept token → itself + {rdk['neighbours']} most similar pruned tokens"),
             ("RDK similarity", rdk["similarity"]),
             ("RDK temperature τ", rdk["temperature"]),
+            ("RDK mean self weight", f"{rdk['mean_self_weight']:.3f}"),
+        ]
+    elif rdk:  # installed with set_rdk_kernel
+        facts += [
+            ("RDK kernel", f"set with `set_rdk_kernel`: each kept token → {rdk['entries_per_row']} target ids"),
             ("RDK mean self weight", f"{rdk['mean_self_weight']:.3f}"),
         ]
     else:

@@ -70,7 +70,8 @@ def load_corpus_texts(path: str | os.PathLike) -> list[str]:
         raise invalid_value(
             "corpus", str(path), "an existing JSONL/.txt file, or a list of texts", "check the path, or pass the texts"
         )
-    with open(path, encoding="utf-8") as f:  # universal newlines: "\r\n" and "\r" arrive as "\n"
+    # universal newlines: "\r\n" and "\r" arrive as "\n"; "utf-8-sig" drops a byte-order mark (Windows editors write one)
+    with open(path, encoding="utf-8-sig") as f:
         # Not splitlines(): it also splits at U+2028, U+2029 and U+0085, which JSON strings may hold unescaped
         # (json.dumps(..., ensure_ascii=False) writes them so), cutting a record in two.
         lines = f.read().split("\n")
@@ -265,7 +266,7 @@ def resolve_keep_size(keep: Any, vocab_size: int, num_special: int) -> int:
         raise invalid_value(
             "keep",
             keep,
-            f"an int in [{num_special}, {vocab_size}] (number of kept tokens) or a float in (0, 1] (fraction)",
+            f"an int in [{max(1, num_special)}, {vocab_size}] (number of kept tokens) or a float in (0, 1] (fraction)",
             "pass e.g. keep=32768 or keep=0.25",
         )
     if isinstance(keep, float):
@@ -292,12 +293,12 @@ def resolve_keep_size(keep: Any, vocab_size: int, num_special: int) -> int:
             f"at most the vocabulary size {vocab_size}",
             f"pass keep ≤ {vocab_size}, or a fraction such as keep=0.25",
         )
-    if keep < num_special:
+    if keep < max(1, num_special):
         raise invalid_value(
             "keep",
             keep,
-            f"at least the number of special tokens, which are always kept ({num_special})",
-            f"pass keep ≥ {num_special}",
+            f"at least the number of special tokens, which are always kept ({num_special}), and at least 1",
+            f"pass keep ≥ {max(1, num_special)}",
         )
     return int(keep)
 

@@ -118,7 +118,7 @@ class PrunedVocabDrafter(torch.nn.Module):
         if (rdk_indices is None) != (rdk_weights is None):
             raise invalid_value("rdk_indices/rdk_weights", "one of the two", "both or neither", "pass both tensors")
         if rdk_indices is not None:
-            self.set_rdk_kernel(rdk_indices, rdk_weights)
+            self._install_rdk_kernel(rdk_indices, rdk_weights, "rdk_indices/rdk_weights")
 
     # -- the pruned-drafter protocol ---------------------------------------------------------------------------
 
@@ -141,8 +141,20 @@ class PrunedVocabDrafter(torch.nn.Module):
         return _text_config(self.config).vocab_size
 
     def set_rdk_kernel(self, indices: torch.Tensor, weights: torch.Tensor) -> None:
-        """Installs a kernel after checking it (`check_rdk_kernel`); weights stay float32 whatever the model dtype."""
-        check_rdk_kernel(indices, weights, self.kept_token_ids, self.vocab_size, "set_rdk_kernel")
+        """Installs a kernel of your own after checking it (`check_rdk_kernel`), and records it in `pruning_info["rdk"]`
+        so that `pruning_config.json` and the model card say the drafter carries one (what `prune_vocabulary(...,
+        rdk=True)` knows of its own kernel, the similarity and τ, is not known here). Weights stay float32 whatever the
+        model dtype."""
+        self._install_rdk_kernel(indices, weights, "set_rdk_kernel")
+        on_own_id = self.rdk_indices == self.kept_token_ids.to(self.rdk_indices.device)[:, None]
+        self.pruning_info["rdk"] = {
+            "form": "set with set_rdk_kernel",
+            "entries_per_row": int(self.rdk_indices.shape[1]),
+            "mean_self_weight": float((self.rdk_weights * on_own_id).sum(-1).mean()),
+        }
+
+    def _install_rdk_kernel(self, indices: torch.Tensor, weights: torch.Tensor, source: str) -> None:
+        check_rdk_kernel(indices, weights, self.kept_token_ids, self.vocab_size, source)
         self.rdk_indices = indices.to(device=self.device, dtype=torch.long)
         self.rdk_weights = weights.to(device=self.device, dtype=torch.float32)
 
@@ -222,6 +234,16 @@ class PrunedVocabDrafter(torch.nn.Module):
 
         `tokenizer` defaults to the drafter's own (`self.tokenizer`, set by `prune_vocabulary`/`from_pretrained`).
         """
+        auto_map = getattr(self.config, "auto_map", None)
+        if auto_map:
+            # from_pretrained would need the base model's own code, which is not saved with the drafter.
+            raise invalid_value(
+                "config.auto_map",
+                auto_map,
+                "None: a drafter is saved only for architectures transformers ships (loading one needs no remote code)",
+                "use this drafter in memory, or prune a model whose architecture transformers ships (many custom-code "
+                "models also have a native port: load it without trust_remote_code)",
+            )
         folder = pathlib.Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(self.config)
@@ -406,7 +428,7 @@ class PrunedVocabDrafter(torch.nn.Module):
         self,
         repo_id: str,
         token: str | bool | None = None,
-        private: bool = False,
+        private: bool | None = None,
         *,
         commit_message: str | None = None,
         license: str | None = None,
@@ -420,6 +442,10 @@ class PrunedVocabDrafter(torch.nn.Module):
         a README model card (validated; `license` defaults to the base model's when it was recorded, else "other").
 
         Args:
+            private (`bool`, *optional*): visibility of a repo this creates; default (`None`) the account's or
+                organization's default, as `HfApi.create_repo` (an existing repo keeps its visibility).
+            revision (`str`, *optional*): the branch to push to; created from the default branch when it does not
+                exist, as transformers' `push_to_hub` does (a `refs/pr/...` revision must exist).
             api (`huggingface_hub.HfApi`, *optional*): the client to use; default `HfApi(token=token)`. Tests pass a
                 recording stand-in.
 
@@ -440,6 +466,9 @@ class PrunedVocabDrafter(torch.nn.Module):
             copy_custom_generate(folder / "custom_generate")
             card.save(folder / "README.md")
             api.create_repo(repo_id=repo_id, token=token, private=private, repo_type="model", exist_ok=True)
+            if revision is not None and not revision.startswith("refs/pr"):
+                # upload_folder does not create a missing branch (the Hub answers 404).
+                api.create_branch(repo_id=repo_id, branch=revision, token=token, repo_type="model", exist_ok=True)
             return api.upload_folder(
                 repo_id=repo_id,
                 folder_path=str(folder),
@@ -745,6 +774,11 @@ def prune_vocabulary(
                 "keep_ids", f"ids in [{int(ids.min())}, {int(ids.max())}]", f"ids in [0, {vocab_size})", "drop them"
             )
         kept = torch.unique(torch.cat([ids, torch.tensor(specials, dtype=torch.long)]))
+        if kept.numel() == 0:
+            raise invalid_value(
+                "keep_ids", [], "at least one id (this tokenizer and config name no special token to add)",
+                "pass the ids to keep, e.g. keep_ids=[5, 9]",
+            )
         selection.update(method="explicit", requested={"keep_ids": int(torch.unique(ids).numel())})
         counts = None
     else:

@@ -1,7 +1,9 @@
 """Every use of transformers' private API goes through this module (checked by tests/test_transformers_compat.py).
 
 Tested with the transformers versions declared in setup.cfg. The private state touched: `GenerationConfig.
-_from_model_config` (below), and, to save a model loaded from GGUF, `PreTrainedModel.hf_quantizer` and
+_from_model_config` (below), `GenerationConfig._mask_length` (the length of a passed attention mask that transformers
+dropped for being all ones), the cache layers' `record_past` flag (turned off before the cache is returned, as
+transformers does: it has no public switch), and, to save a model loaded from GGUF, `PreTrainedModel.hf_quantizer` and
 `config.quantization_config`. Everything else the package uses is public:
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
@@ -10,7 +12,7 @@ _from_model_config` (below), and, to save a model loaded from GGUF, `PreTrainedM
 
 from __future__ import annotations
 
-from transformers import GenerationConfig
+from transformers import DynamicCache, GenerationConfig
 
 # `GenerationConfig.__init__` drops every custom key (such as `acceptance`) from a config dict carrying
 # `"_from_model_config": true`, which `save_pretrained` writes for a config derived from the model config.
@@ -37,3 +39,22 @@ def forget_gguf_quantization(model) -> None:
     if hasattr(model.config, "quantization_config"):
         delattr(model.config, "quantization_config")
 
+
+
+def stop_past_recording(cache: DynamicCache) -> None:
+    """Turns off the past recording that `activate_past_recording` turned on for the rollbacks, before the cache goes
+    back to the user: a sliding-window or linear-attention layer that records keeps every past state instead of its
+    window, so later calls continuing from the cache would grow it without bound. transformers' own loops do the same
+    (`layer.record_past = False`; there is no public method)."""
+    for layer in cache.layers:
+        if hasattr(layer, "record_past"):
+            layer.record_past = False
+
+
+def passed_mask_length(generation_config: GenerationConfig, attention_mask, input_length: int) -> int:
+    """The length of the attention mask given to `generate()`. transformers hands the decoding loop no mask when it is
+    all ones (`attention_mask` is None) and keeps its length in `generation_config._mask_length`, so that a restart
+    from a cache with only the new ids (and the full mask) can be told from one with the whole sequence."""
+    if attention_mask is not None:
+        return attention_mask.shape[1]
+    return getattr(generation_config, "_mask_length", input_length)

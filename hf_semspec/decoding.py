@@ -31,6 +31,7 @@ from transformers.generation import (
     SynthIDTextWatermarkLogitsProcessor,
 )
 
+from ._transformers_compat import passed_mask_length, stop_past_recording
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .drafting import ModelDrafter
 from .errors import invalid_value
@@ -243,8 +244,21 @@ def speculative_decode(
             "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one)",
             "pass past_key_values=DynamicCache(...) or leave it out",
         )
-    target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
     attention_mask = model_kwargs.get("attention_mask")
+    cached = target_cache.get_seq_length()
+    mask_length = passed_mask_length(generation_config, attention_mask, input_ids.shape[1])
+    if cached >= input_ids.shape[1] or mask_length != input_ids.shape[1]:
+        # transformers can restart from a cache with only the new ids and a full mask; the loop (and the draft, which
+        # fills its own cache from the ids) needs the whole sequence, as a continuation from a returned cache has.
+        raise invalid_value(
+            "input_ids",
+            f"{input_ids.shape[1]} tokens with a past_key_values of {cached} and an attention_mask of {mask_length}",
+            "the whole sequence with an acceptance rule: the tokens the cache holds, then at least one more, and a "
+            "mask of the same length",
+            "pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a past_key_values returned "
+            "by generate() holds all of out.sequences but the last token)",
+        )
+    target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
     forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
     target_supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
     do_sample = bool(generation_config.do_sample)
@@ -313,7 +327,9 @@ def speculative_decode(
         num_matched = synced[2] if matched else None
         drafted = synced[2 + len(matched) :]
         emitted = drafted[:num_accepted] + [next_token]
-        keep = min(len(emitted), max_length - length)
+        # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
+        # transformers lets set a max_length at or below the prompt's length).
+        keep = max(1, min(len(emitted), max_length - length))
         eos_at = next((i for i, token in enumerate(emitted[:keep]) if token in eos_ids), None)
         if eos_at is not None:
             keep = eos_at + 1
@@ -355,6 +371,7 @@ def speculative_decode(
 
     if streamer is not None:
         streamer.end()
+    stop_past_recording(target_cache)
     if not return_dict:
         return input_ids
     return SpeculativeDecoderOnlyOutput(

@@ -504,6 +504,12 @@ def generate(
         raise invalid_value(
             "inputs_embeds", "a tensor", "input_ids only with an acceptance rule", "pass input_ids instead"
         )
+    if kwargs.get("position_ids") is not None:
+        # The loop derives positions from the attention mask and the cache, for the target and the draft alike.
+        raise invalid_value(
+            "position_ids", "a tensor", "None with an acceptance rule (positions come from attention_mask: left "
+            "padding shifts them)", "remove position_ids; for padding pass attention_mask",
+        )
 
     stock_arguments["stopping_criteria"], stock_arguments["generation_config"] = _stop_strings_as_criteria(
         kwargs, generation_config, model, stopping_criteria

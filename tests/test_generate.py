@@ -6,12 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama, tiny_tokenizer
-from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, GenerationConfig, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
 from transformers.generation import MaxLengthCriteria, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
 import hf_semspec
 from hf_semspec import SpeculativeDecoderOnlyOutput
+from hf_semspec.errors import SemSpecConfigError
 
 
 def plain_greedy(model, ids, **kwargs):
@@ -264,6 +265,45 @@ def test_a_max_length_criterion_given_by_the_user_takes_precedence(attached, new
     assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=12, stopping_criteria=criteria))
 
 
+@pytest.mark.parametrize("max_length, padded", [(8, False), (5, False), (5, True)])
+def test_a_max_length_criterion_at_or_below_the_prompt_still_adds_one_token(attached, close_draft, max_length, padded):
+    # Plain decoding appends a token before it checks the criteria; the loop gave 0 tokens, or a raw RuntimeError.
+    ids = prompt(8)
+    mask = torch.ones_like(ids)
+    mask[:, 0] = 0
+    kwargs = dict(max_new_tokens=10, attention_mask=mask if padded else None,
+                  stopping_criteria=StoppingCriteriaList([MaxLengthCriteria(max_length)]))
+    ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", return_dict_in_generate=True,
+                             **kwargs)
+    assert ours.sequences.shape[1] == ids.shape[1] + 1
+    assert torch.equal(ours.sequences, plain_greedy(attached, ids, **kwargs))
+    assert ours.past_key_values.get_seq_length() == ids.shape[1]  # as plain decoding leaves it
+
+
+def test_position_ids_are_refused(attached, close_draft):
+    # They were dropped: the loop derives positions from the mask and the cache (a GPT-2 offset changed the text).
+    ids = prompt(8)
+    with pytest.raises(SemSpecConfigError, match=r"`position_ids` = 'a tensor' is not valid: allowed None with an "
+                                                 r"acceptance rule .*Fix: remove position_ids"):
+        attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
+                          position_ids=torch.arange(8)[None] + 30)
+
+
+@pytest.mark.parametrize("cached, given", [(6, "the new ids"), (10, "the whole prompt")])
+def test_a_cache_must_come_with_the_whole_sequence(attached, close_draft, cached, given):
+    # transformers can restart from a cache and only the new ids (with the full mask); the loop needs the whole
+    # sequence, and failed with a raw shape error.
+    ids = prompt(10, seed=2)
+    cache = DynamicCache(config=attached.config)
+    attached(ids[:, :cached], past_key_values=cache, use_cache=True)
+    passed = ids[:, 6:] if given == "the new ids" else ids
+    with pytest.raises(SemSpecConfigError, match=rf"`input_ids` = '{passed.shape[1]} tokens with a past_key_values of "
+                                                 rf"{cached} and an attention_mask of 10' is not valid: allowed the "
+                                                 r"whole sequence"):
+        attached.generate(passed, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                          assistant_model=close_draft, acceptance="exact", max_new_tokens=4)
+
+
 @pytest.mark.parametrize(
     "model_default, given",
     [
@@ -359,8 +399,15 @@ def test_sliding_window_model_rolls_back_correctly():
     draft = perturbed_copy(model, 0.3, seed=4)
     hf_semspec.attach(model)
     ids = prompt(10)
-    ours = model.generate(ids, assistant_model=draft, acceptance="exact", num_assistant_tokens=4, max_new_tokens=30)
-    assert torch.equal(ours, plain_greedy(model, ids, max_new_tokens=30))
+    ours = model.generate(ids, assistant_model=draft, acceptance="exact", num_assistant_tokens=4, max_new_tokens=30,
+                          return_dict_in_generate=True)
+    assert torch.equal(ours.sequences, plain_greedy(model, ids, max_new_tokens=30))
+    # The returned cache stops recording its past, as plain decoding's: a continuation keeps each layer's window
+    # (it kept every token, growing without bound).
+    assert [layer.record_past for layer in ours.past_key_values.layers] == [False, False]
+    again = type(model).generate(model, ours.sequences, past_key_values=ours.past_key_values, max_new_tokens=20,
+                                 do_sample=False, return_dict_in_generate=True)
+    assert [layer.keys.shape[-2] for layer in again.past_key_values.layers] == [config.sliding_window - 1] * 2
 
 
 def test_eos_token_in_stats_counts_only_kept_tokens(attached):

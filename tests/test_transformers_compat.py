@@ -8,6 +8,7 @@ from __future__ import annotations
 import inspect
 import json
 
+import torch
 import transformers
 from conftest import tiny_llama
 from packaging.version import Version
@@ -56,3 +57,37 @@ def test_a_dequantized_model_without_its_quantizer_saves_and_reloads(tmp_path):
     assert "quantization_config" not in json.loads((tmp_path / "config.json").read_text())
     reloaded = AutoModelForCausalLM.from_pretrained(tmp_path)
     assert getattr(reloaded, "hf_quantizer", None) is None  # loaded as plain weights, nothing to re-quantize
+
+
+def test_an_all_ones_mask_reaches_the_loop_as_its_length_only():
+    """What `passed_mask_length` relies on: transformers drops an all-ones attention mask before the decoding loop and
+    records its length in `generation_config._mask_length`; a mask with padding is handed over."""
+    model = tiny_llama(seed=0)
+    seen = {}
+
+    def loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        seen["mask"] = model_kwargs.get("attention_mask")
+        seen["length"] = compat.passed_mask_length(generation_config, seen["mask"], input_ids.shape[1])
+        return input_ids
+
+    ids = torch.tensor([[1, 5, 6, 7]])
+    GenerationMixin.generate(model, ids, attention_mask=torch.ones(1, 10, dtype=torch.long), custom_generate=loop,
+                             max_new_tokens=2)
+    assert seen == {"mask": None, "length": 10}
+    padded = torch.tensor([[0, 1, 1, 1]])
+    GenerationMixin.generate(model, ids, attention_mask=padded, custom_generate=loop, max_new_tokens=2)
+    assert torch.equal(seen["mask"], padded) and seen["length"] == 4
+
+
+def test_stop_past_recording_turns_off_every_recording_layer():
+    from transformers import Qwen2Config
+
+    config = Qwen2Config(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                         num_key_value_heads=2, vocab_size=128, use_sliding_window=True, sliding_window=6,
+                         max_window_layers=1)
+    cache = DynamicCache(config=config)
+    cache.activate_past_recording()
+    recording = [layer for layer in cache.layers if hasattr(layer, "record_past")]
+    assert recording and all(layer.record_past for layer in recording)
+    compat.stop_past_recording(cache)
+    assert not any(layer.record_past for layer in recording)

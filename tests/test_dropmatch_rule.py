@@ -338,12 +338,14 @@ def test_defaults_and_class_attributes():
 def test_missing_inputs_name_the_fix():
     inputs = random_inputs()
     no_hidden = VerificationInput(inputs.draft_token_ids, inputs.target_logits, inputs.draft_probs)
-    with pytest.raises(ValueError, match=r"needs `target_hidden_states` and `lm_head_weight`"):
+    with pytest.raises(SemSpecConfigError, match=r"`target_hidden_states / lm_head_weight` = None is not valid: "
+                                                 r"allowed the target's LM-head input"):
         RULES.build("dropmatch", {}).verify(no_hidden)
     no_q = VerificationInput(
         inputs.draft_token_ids, inputs.target_logits, None, inputs.target_hidden_states, inputs.lm_head_weight
     )
-    with pytest.raises(ValueError, match=r"criterion='js' needs the draft distribution q"):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_probs` = None .*with criterion='js'\. Fix: pass "
+                                                 r"draft_probs, or use acceptance_kwargs=\{'criterion': 'naive'\}"):
         RULES.build("dropmatch", {}).verify(no_q)
     assert RULES.build("dropmatch", {"criterion": "naive"}).verify(no_q).accepted.shape == (16, 4)
 

@@ -212,15 +212,18 @@ def test_rule_instances_do_not_share_counters(name):
     assert copy.deepcopy(a.config) == a.config
 
 
+@pytest.mark.parametrize("forbidden", ["-inf", "lowest finite"])
 @pytest.mark.parametrize("name,do_sample", rule_and_mode())
-def test_a_draft_the_processors_forbid_is_never_accepted(name, do_sample):
-    """Whatever the rule: a draft whose target logit is −inf (outside top-k / top-p, a bad word) is rejected. A
-    uniform target makes the relaxed rules accept everything else (fly flips it: high entropy, the window matches)."""
+def test_a_draft_the_processors_forbid_is_never_accepted(name, do_sample, forbidden):
+    """Whatever the rule: a draft whose target logit is −inf (outside top-k / top-p, a bad word) is rejected, also
+    where `remove_invalid_values=True` wrote −inf as the lowest finite float. A uniform target makes the relaxed rules
+    accept everything else (fly flips it: high entropy, the window matches)."""
     rule = make_rule(name)
     skip_unsupported(rule, do_sample)
     draft = torch.tensor([[3, 0, 0, 0, 0, 0, 0, 0]])
     inputs = make_inputs(torch.zeros(1, 9, HIDDEN), draft, do_sample)
-    inputs.target_logits[0, 0, 3] = float("-inf")  # the processors forbid the first draft
+    # the processors forbid the first draft
+    inputs.target_logits[0, 0, 3] = float("-inf") if forbidden == "-inf" else torch.finfo(torch.float32).min
     result = rule.verify(inputs)
     assert result.num_accepted.tolist() == [0]
     assert result.next_token.item() != 3
@@ -245,3 +248,24 @@ def test_sampled_output_stays_inside_the_processors_support(attached, name):
             assert out.scores[i][0, token] > float("-inf"), (name, seed, i)
             emitted += 1
     assert emitted > 24  # (a generation may end early at an EOS)
+
+
+@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+def test_inputs_of_the_wrong_shape_get_a_clear_error(name, do_sample):
+    """verify() is a public pure function: logits for γ positions instead of γ + 1, or a missing q where the rule
+    reads it, name the field and the shape (they were raw AttributeError / RuntimeError tracebacks)."""
+    rule = make_rule(name)
+    skip_unsupported(rule, do_sample)
+    draft = torch.tensor([[1, 2]])
+    inputs = make_inputs(random_hidden(1, 3, generator=torch.Generator().manual_seed(0)), draft, do_sample)
+    too_few = dataclasses.replace(inputs, target_logits=inputs.target_logits[:, :2], _memo={})
+    with pytest.raises(SemSpecConfigError, match=r"`target_logits` = 'a tensor of shape \(1, 2, 11\)' is not valid: "
+                                                 r"allowed shape \(batch, γ \+ 1, vocab\) = \(1, 3, vocab\)"):
+        rule.verify(too_few)
+    without_q = dataclasses.replace(inputs, draft_probs=None, _memo={})
+    if do_sample and name in ("exact", "ears", "rdk") or rule.requires_draft_probs:
+        with pytest.raises(SemSpecConfigError, match=r"`draft_probs` = None is not valid: allowed the .*"
+                                                     r"distribution.*, shape \(batch, γ, vocab\)"):
+            rule.verify(without_q)
+    else:  # the rule does not read q here
+        assert rule.verify(without_q).num_accepted.shape == (1,)

@@ -127,11 +127,22 @@ class VerificationInput:
         return self.target_probs[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
 
     def drafts_allowed(self) -> torch.BoolTensor:
-        """Whether the logits processors left each draft possible (its target logit above −inf), shape `(batch, γ)`."""
-        return self.target_logits[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1) > float("-inf")
+        """Whether the logits processors left each draft possible, shape `(batch, γ)`: its target logit above −inf,
+        and above the dtype's lowest finite value, which transformers' `remove_invalid_values=True` writes for −inf."""
+        logits = self.target_logits[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
+        return logits > torch.finfo(logits.dtype).min
 
     def draft_prob_of_drafts(self) -> torch.FloatTensor:
-        """q_i(x̂_i), shape `(batch, γ)`; needs `draft_probs`."""
+        """q_i(x̂_i), shape `(batch, γ)`; needs `draft_probs` (a clear error names it when it is missing)."""
+        expected = (*self.draft_token_ids.shape, self.target_logits.shape[-1])
+        if self.draft_probs is None or tuple(self.draft_probs.shape) != expected:
+            raise invalid_value(
+                "draft_probs",
+                None if self.draft_probs is None else f"a tensor of shape {tuple(self.draft_probs.shape)}",
+                f"the distribution each draft was drawn from, shape (batch, γ, vocab) = {expected}: this rule reads "
+                "q(x̂) (when sampling, or always if it sets requires_draft_probs)",
+                "pass draft_probs=q, the draft's probabilities after the logits processors",
+            )
         return self.draft_probs.float().gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
 
 
@@ -245,8 +256,17 @@ class AcceptanceRule(ABC):
     def verify(self, inputs: VerificationInput) -> VerificationResult:
         """Runs the rule on one round: first-rejection cut, rejection/bonus token, counters. No host sync."""
         gamma = inputs.num_draft_tokens
-        batch_size = inputs.target_logits.shape[0]
+        batch_size = inputs.draft_token_ids.shape[0]
         device = inputs.target_logits.device
+        if inputs.target_logits.dim() != 3 or tuple(inputs.target_logits.shape[:2]) != (batch_size, gamma + 1):
+            raise invalid_value(
+                "target_logits",
+                f"a tensor of shape {tuple(inputs.target_logits.shape)}",
+                f"shape (batch, γ + 1, vocab) = ({batch_size}, {gamma + 1}, vocab) for draft_token_ids of shape "
+                f"{tuple(inputs.draft_token_ids.shape)}",
+                "pass the logits of the γ + 1 verified positions: row i predicts the token after i drafts, row γ the "
+                "bonus token",
+            )
         if gamma == 0:
             accepted = torch.zeros(batch_size, 0, dtype=torch.bool, device=device)
             num_accepted = torch.zeros(batch_size, dtype=torch.long, device=device)

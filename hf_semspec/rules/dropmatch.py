@@ -239,15 +239,20 @@ class DropMatchRule(AcceptanceRule):
 
     def _check_inputs(self, inputs: VerificationInput) -> None:
         if inputs.target_hidden_states is None or inputs.lm_head_weight is None:
-            raise ValueError(
-                "acceptance='dropmatch' needs `target_hidden_states` and `lm_head_weight` in its VerificationInput "
-                "(the speculative loop passes them because the rule sets `requires_target_hidden_states`). "
-                "Fix: build the VerificationInput with both."
+            raise invalid_value(
+                "target_hidden_states / lm_head_weight",
+                None,
+                "the target's LM-head input at the γ + 1 verified positions and the head's weight, for "
+                "acceptance='dropmatch' (it runs the head again under dropout)",
+                "build the VerificationInput with both (the speculative loop passes them because the rule sets "
+                "`requires_target_hidden_states`)",
             )
         if self.config.criterion == "js" and inputs.draft_probs is None:
-            raise ValueError(
-                "acceptance='dropmatch' with criterion='js' needs the draft distribution q (`draft_probs`). "
-                "Fix: pass draft_probs, or use acceptance_kwargs={'criterion': 'naive'}."
+            raise invalid_value(
+                "draft_probs",
+                None,
+                "the draft distribution q, shape (batch, γ, vocab), for acceptance='dropmatch' with criterion='js'",
+                "pass draft_probs, or use acceptance_kwargs={'criterion': 'naive'}",
             )
 
     def head_logits(self, inputs: VerificationInput, keep: torch.BoolTensor) -> torch.FloatTensor:

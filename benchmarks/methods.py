@@ -101,7 +101,7 @@ class Method:
                 "draft_length_kwargs": self.draft_length_kwargs,
                 # Every option with its value in this run, defaults included: a later default change cannot
                 # make an old results file mean something else.
-                "draft_length_config": self.policy.config.to_dict() if self.policy is not None else None,
+                "draft_length_config": self.policy.config.all_options() if self.policy is not None else None,
                 "policy_state": self.policy_state,
                 "draft": "pruned_draft" if self.uses_pruned_draft else "draft"}
 

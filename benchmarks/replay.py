@@ -411,7 +411,7 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
         "policy_state": args.policy_state,
         "methods": [{"name": name, "rule": "exact", "draft_length": spec.policy,
                      "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens,
-                     "draft_length_config": policy.config.to_dict()} for name, spec, policy in built],
+                     "draft_length_config": policy.config.all_options()} for name, spec, policy in built],
         "records": records, "traces": traces,
     }
     if args.check is not None:

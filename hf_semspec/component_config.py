@@ -69,6 +69,12 @@ def _describe_type(tp: Any) -> str:
     return "None" if tp is type(None) else getattr(tp, "__name__", str(tp))
 
 
+def _takes_float_not_int(tp: Any) -> bool:
+    """A field typed `float` (or `float | None`) without `int`: an int given there is stored as a float."""
+    options = typing.get_args(tp) if typing.get_origin(tp) in _UNION_TYPES else (tp,)
+    return float in options and int not in options
+
+
 def _matches_type(value: Any, tp: Any) -> bool:
     origin = typing.get_origin(tp)
     if origin in _UNION_TYPES:
@@ -135,7 +141,7 @@ class ComponentConfig:
                 f"pass e.g. {cls.argument_name}={{}} or a {cls.__name__}",
             )
         names = [f.name for f in dataclasses.fields(cls)]
-        unknown = sorted(set(kwargs) - set(names))
+        unknown = sorted(set(kwargs) - set(names), key=repr)  # keys of any type, e.g. a number, are named too
         if unknown:
             raise SemSpecConfigError(
                 f"`{cls.argument_name}` has unknown option(s) {unknown} for '{cls.component_name}': "
@@ -144,6 +150,19 @@ class ComponentConfig:
         return cls(**kwargs)
 
     def to_dict(self) -> dict[str, Any]:
+        """The options that differ from their defaults: what `from_kwargs` needs to build this config again, and what
+        a `GenerationConfig` holding the instance saves to JSON (transformers serializes it with `to_dict()`), so the
+        saved options read back as the instance's own: a field left at its default is not given (`generate()` then
+        fills a length field from `num_assistant_tokens`), and the defaults of the version that loads it apply."""
+        return {
+            f.name: copy.deepcopy(getattr(self, f.name))
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != default_of(f)
+        }
+
+    def all_options(self) -> dict[str, Any]:
+        """Every option with its value, defaults included (for records that must not change meaning when a default
+        does, and for keys)."""
         return dataclasses.asdict(self)
 
     def validate(self) -> None:
@@ -175,6 +194,10 @@ class ComponentConfig:
                     f"one of {list(choices)} for '{self.component_name}'",
                     f"pass one of {list(choices)}; the default is {default_of(f)!r}",
                 )
+            if isinstance(value, int) and not isinstance(value, bool) and _takes_float_not_int(hints[f.name]):
+                # 1 and 1.0 are one option: stored alike, they make one key for a kept policy or a tapout arm (an
+                # error above names the value as it was given).
+                setattr(self, f.name, float(value))
         self._validate_extra()
 
     def _validate_extra(self) -> None:

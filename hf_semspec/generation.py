@@ -187,7 +187,7 @@ _KEPT_POLICIES_LOCK = threading.Lock()
 
 
 def _options_key(config: Any) -> str:
-    return json.dumps(config.to_dict(), sort_keys=True, default=str)
+    return json.dumps(config.all_options(), sort_keys=True, default=str)
 
 
 def _kept_policy(model: torch.nn.Module, assistant_model: torch.nn.Module, key: tuple, build) -> DraftLengthPolicy:

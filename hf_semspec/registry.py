@@ -55,6 +55,15 @@ class Registry(Generic[T]):
                 f"Cannot register {cls.__qualname__} as a {self.kind}: `config_class` = {config_class!r} must be a "
                 "dataclass subclassing ComponentConfig (an empty one is fine)."
             )
+        length_field = getattr(cls, "length_field", None)
+        field_names = [f.name for f in dataclasses.fields(config_class)]
+        if length_field is not None and length_field not in field_names:
+            # generate() fills this field from num_assistant_tokens (and tapout its arms'): a wrong name fails there.
+            raise ValueError(
+                f"Cannot register {cls.__qualname__} as a {self.kind}: its `length_field` = {length_field!r} is not a "
+                f"field of {config_class.__qualname__} ({field_names}). Fix: name the field that holds the length, or "
+                "set `length_field = None`."
+            )
         self._classes[name] = cls
         return cls
 

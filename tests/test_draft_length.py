@@ -130,6 +130,39 @@ def test_policy_by_name_from_generation_config_json(attached, close_draft, stop_
     assert len(out.acceptance_stats.drafted_per_position) == 1
 
 
+@pytest.mark.parametrize("name, options", [("svip", {"threshold": 0.4}), ("adaedl", {"threshold": 0.6}),
+                                           ("cost_aware", {"prior_strength": 2.0})])
+def test_a_config_instance_in_a_generation_config_reads_the_same_after_json(attached, close_draft, tmp_path, name,
+                                                                           options):
+    # Saved with every field, the instance's cap (left at its default, so num_assistant_tokens may set it) read back
+    # as given, and conflicted with num_assistant_tokens: a config that worked failed after save / load.
+    config = POLICIES.get(name).config_class(**options)
+    assert config.to_dict() == options
+    saved = GenerationConfig(max_new_tokens=12, acceptance="exact", draft_length=name, draft_length_kwargs=config,
+                             num_assistant_tokens=8)
+    before = attached.generate(prompt(8), assistant_model=close_draft, generation_config=saved)
+    saved.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "generation_config.json").read_text())["draft_length_kwargs"] == options
+    after = attached.generate(prompt(8), assistant_model=close_draft,
+                              generation_config=GenerationConfig.from_pretrained(tmp_path))
+    assert torch.equal(before, after)
+
+
+def test_a_length_field_that_the_config_lacks_is_refused_at_registration():
+    class _MisnamedLength(DraftLengthPolicy):
+        name = "misnamed_length_test"
+        config_class = _StopAfterConfig
+        length_field = "num_tokens"
+
+        def max_tokens(self):
+            return 1
+
+    with pytest.raises(ValueError, match=r"its `length_field` = 'num_tokens' is not a field of _StopAfterConfig "
+                                         r"\(\['stop_after', 'cap'\]\)"):
+        register_policy(_MisnamedLength)
+    assert "misnamed_length_test" not in hf_semspec.available_draft_length_policies()
+
+
 def test_conflicting_lengths_are_rejected(attached, close_draft):
     with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 4.*num_assistant_tokens=6"):
         generate(attached, close_draft, num_assistant_tokens=6, draft_length="constant", draft_length_kwargs={"num_tokens": 4})

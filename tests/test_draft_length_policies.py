@@ -29,7 +29,7 @@ from hf_semspec.draft_length.best_constant import BestConstantConfig, BestConsta
 from hf_semspec.draft_length.cost_aware import CostAwareConfig, CostAwarePolicy
 from hf_semspec.draft_length.heuristic import HeuristicConfig, HeuristicPolicy
 from hf_semspec.draft_length.svip import SVIPConfig, SVIPPolicy
-from hf_semspec.draft_length.tapout import TapOutConfig, TapOutPolicy
+from hf_semspec.draft_length.tapout import HISTORY_LENGTH, TapOutConfig, TapOutPolicy
 from hf_semspec.errors import SemSpecConfigError
 
 # Every registered policy but the default `constant`, so that a new policy runs through the end-to-end suite below.
@@ -601,7 +601,7 @@ def test_tapout_delegates_to_the_chosen_arm():
     assert policy.keep_drafting(1, probs([0.25] * 4)) is False  # bound 0.4734 < 0.5
     policy.observe(outcome(2, 0))
     assert adaedl.threshold == pytest.approx(0.501)
-    assert policy.pulls == [1, 1, 1] and policy.history == [0, 1, 2]
+    assert policy.pulls == [1, 1, 1] and list(policy.history) == [0, 1, 2]
 
 
 def test_tapout_arms_carry_their_own_length():
@@ -701,6 +701,7 @@ def test_tapout_default_arms_and_blended_reward():
         ("tapout", {"arms": [{"calibration_discount": 0.98}]}, r"\[\{'calibration_discount': 0.98\}\] are not"),
         ("tapout", {"arms": [{"name": "tapout"}]}, r"tapout cannot be its own arm"),
         ("tapout", {"arms": [{"name": "svip"}, "svip"]}, r"each arm once"),
+        ("tapout", {"arms": [{"name": "cost_aware", "prior_strength": 1}, "cost_aware"]}, r"each arm once"),  # 1 = 1.0
         # Spellings of one arm, compared as built: a leading zero, a dict with the length, the length num_tokens gives.
         ("tapout", {"arms": ["constant:03", "constant:3"]}, r"each arm once \('constant:03' and 'constant:3' build"),
         ("tapout", {"arms": [{"name": "constant", "num_tokens": 3}, "constant:3"]}, r"each arm once"),
@@ -995,6 +996,24 @@ def test_a_cut_round_is_not_learned_as_a_rejection():
         policy.observe(outcome)
         rewards.append(policy.arm_values()["constant:8"]["mean_reward"])
     assert rewards == [5.0, 6.0]
+
+
+def test_tapout_survives_rounds_timed_at_zero_seconds():
+    # A clock too coarse to time a round: the fitted reward divided by the mean time at k, 0 (ZeroDivisionError).
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:1", "constant:2"]))
+    for _ in range(6):
+        budget = policy.max_tokens()
+        policy.observe(RoundOutcome(budget, 0, 0.0))
+    assert sum(policy.pulls) == 6 and policy.max_tokens() in (1, 2)
+
+
+def test_tapout_history_keeps_the_last_rounds_only():
+    # A policy kept by name lives as long as the serving process: its record of arms must not grow without bound.
+    policy = TapOutPolicy(TapOutConfig(arms=["constant:1", "constant:2"]))
+    for _ in range(HISTORY_LENGTH + 5):
+        budget = policy.max_tokens()
+        policy.observe(RoundOutcome(budget, budget, 0.1 * (budget + 1)))
+    assert sum(policy.pulls) == HISTORY_LENGTH + 5 and len(policy.history) == HISTORY_LENGTH
 
 
 def test_tapout_does_not_credit_a_round_that_drafted_nothing():

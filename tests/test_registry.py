@@ -84,6 +84,21 @@ def test_config_defaults_and_json_roundtrip():
     config = _ToyConfig.from_kwargs({"threshold": 1, "mode": "b"})
     assert config.threshold == 1 and config.window == 3 and config.mode == "b"
     assert _ToyConfig.from_kwargs(json.loads(json.dumps(config.to_dict()))) == config
+    # to_dict() holds the options given (as a GenerationConfig saves them); all_options() every one
+    assert config.to_dict() == {"threshold": 1.0, "mode": "b"}
+    assert config.all_options() == {"threshold": 1.0, "window": 3, "mode": "b", "seed": None}
+
+
+def test_an_int_given_for_a_float_is_stored_as_a_float():
+    # 1 and 1.0 compared equal but made different keys (a tapout arm given twice, a kept policy not found again).
+    config = _ToyConfig.from_kwargs({"threshold": 1})
+    assert type(config.threshold) is float and repr(config.all_options()) == repr(_ToyConfig(threshold=1.0).all_options())
+    assert type(_ToyConfig(seed=3).seed) is int  # int fields stay ints
+
+
+def test_unknown_options_of_any_key_type_get_the_config_error():
+    with pytest.raises(SemSpecConfigError, match=r"unknown option\(s\) \['windw', 1\] for 'toy'"):
+        _ToyConfig.from_kwargs({1: 2, "windw": 3, "window": 2})
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,7 @@ commits sooner when the arms' rewards differ by little.
 
 from __future__ import annotations
 
+import collections
 import math
 import random
 from dataclasses import dataclass, field
@@ -127,6 +128,8 @@ BANDITS = ("ucb1", "ucb_tuned", "thompson")
 REWARDS = ("tokens_per_second", "tokens_per_fitted_second", "tokens_per_forward", "blended")
 ROUND_TIMES = ("per_length", "line")  # how "tokens_per_fitted_second" reads a round's time off the timed rounds
 TIMED_REWARDS = ("tokens_per_second", "tokens_per_fitted_second")  # a prefill round's time would mislead them
+_SHORTEST_SECONDS = 1e-9  # a round's time as rewards divide by it, at least this
+HISTORY_LENGTH = 1000  # rounds kept in `TapOutPolicy.history`
 
 
 def split_arm(arm: str | dict) -> tuple[str | None, str | None]:
@@ -250,7 +253,7 @@ class TapOutConfig(DraftLengthConfig):
             # whose length is num_tokens's, still unset (generate() sets it from num_assistant_tokens or the rule,
             # then validates again), is not compared by the fallback length it has now.
             name = split_arm(arm)[0]
-            values = config.to_dict()
+            values = config.all_options()
             if takes_num_tokens and self.num_tokens is None:
                 values.pop(POLICIES.get(name).length_field)
             key = (name, repr(sorted(values.items())))
@@ -317,7 +320,9 @@ class TapOutPolicy(DraftLengthPolicy):
         self.tokens_by_length: list[dict[int, list[float]]] = [{} for _ in self.arms]
         self.largest_budget = 0  # L of the blended reward
         self.current: int | None = None  # the arm drafting this round
-        self.history: list[int] = []  # the arm of every rewarded round, in order (prefill rounds are not)
+        # The arms of the last HISTORY_LENGTH rewarded rounds, in order (prefill rounds are not): bounded, since a
+        # policy kept by name lives as long as the process that serves with it.
+        self.history: collections.deque[int] = collections.deque(maxlen=HISTORY_LENGTH)
         self._rng = random.Random(self.config.seed)
 
     def _build_arm(self, arm: str | dict) -> DraftLengthPolicy:
@@ -333,11 +338,13 @@ class TapOutPolicy(DraftLengthPolicy):
         """t̂(k), the price of a round that drafted k under the fitted-time reward (`round_time`): the line ŝ(k), or the
         rounds' mean time at k shrunk toward it (`RoundCostFit.length_seconds`); the mean time at k until two lengths
         are timed (None before any round at k)."""
+        seconds = None
         if self.config.round_time == "per_length":
-            per_length = self.round_costs.length_seconds(num_drafted)
-            if per_length is not None:
-                return per_length
-        return self.round_costs.seconds(num_drafted)
+            seconds = self.round_costs.length_seconds(num_drafted)
+        if seconds is None:
+            seconds = self.round_costs.seconds(num_drafted)
+        # Rewards divide by it: a clock too coarse to time a round (0 s) must not crash the bandit.
+        return None if seconds is None else max(seconds, _SHORTEST_SECONDS)
 
     def _reward_sums(self, arm: int) -> tuple[float, float]:
         """(Σ r, Σ r²) over the arm's rewarded rounds."""
@@ -397,10 +404,10 @@ class TapOutPolicy(DraftLengthPolicy):
         """What the round earns the arm that drafted it (`reward` option)."""
         tokens = outcome.num_emitted
         if self.config.reward == "tokens_per_second":
-            return tokens / max(outcome.seconds, 1e-9)
+            return tokens / max(outcome.seconds, _SHORTEST_SECONDS)
         if self._fitted:
             seconds = self.round_seconds(outcome.num_drafted)
-            return tokens / (seconds if seconds is not None else max(outcome.seconds, 1e-9))
+            return tokens / (seconds if seconds is not None else max(outcome.seconds, _SHORTEST_SECONDS))
         if self.config.reward == "tokens_per_forward":
             return float(tokens)
         length = outcome.num_accepted / max(self.largest_budget, 1)

@@ -46,6 +46,24 @@ def over_anchor(results: dict, method: str, anchor: str) -> dict[str, float]:
     return {p: speed / speeds[anchor][p] for p, speed in speeds[method].items() if p in speeds[anchor]}
 
 
+def check_same_anchor(first: dict, results: dict, anchor: str, first_path: str, path: str) -> None:
+    """Raises unless `results` ran `anchor` as `first` did: the same models, dtypes and token budgets, decoding mode
+    and anchor options (rule, its options, policy and its config), which is what makes it the same forwards in both."""
+    def anchor_options(run: dict) -> dict:
+        described = next((m for m in run.get("methods", []) if m["name"] == anchor), {})
+        return {key: described.get(key) for key in metrics.SAME_METHOD_OPTIONS}
+
+    differ = metrics.differing_setups(first, results)
+    for what, (a, b) in ((f"{anchor} options", (anchor_options(first), anchor_options(results))),
+                         ("--sample", (metrics.run_options(first)["sample"], metrics.run_options(results)["sample"]))):
+        if a != b:
+            differ[what] = (a, b)
+    if differ:
+        raise ValueError(f"{path}: not the same experiment as {first_path} ({differ}, as (first, this)): the anchor "
+                         "must make the same forwards in every run. Fix: pass runs of one pair, budget, decoding mode "
+                         "and anchor.")
+
+
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--anchor", required=True, help="a method every run measured with the same forwards")
@@ -56,6 +74,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parser.parse_args(argv)
     rule = args.anchor.split("/", 1)[0]
     rows, summary = [], {"anchor": args.anchor, "methods": {}}
+    first: tuple[str, dict] | None = None  # the first file read: every other must be the same experiment
     for entry in args.runs:
         label, equals, files = entry.rpartition("=")  # a label may hold "=" (options), the files do not
         if not equals or not files:
@@ -64,8 +83,13 @@ def main(argv: list[str] | None = None) -> dict:
         method = f"{rule}/{label.split('@', 1)[0]}"
         per_file = {}
         for name in files.split(","):
-            per_file[Path(name).name] = over_anchor(json.loads(Path(name).read_text(encoding="utf-8")), method,
-                                                    args.anchor)
+            if Path(name).name in per_file:  # the results are keyed by file name: a second one would replace the first
+                raise ValueError(f"--runs {label!r}: two files named {Path(name).name!r}. Fix: give the runs distinct "
+                                 "file names (copy one under another name).")
+            results = json.loads(Path(name).read_text(encoding="utf-8"))
+            first = first or (name, results)
+            check_same_anchor(first[1], results, args.anchor, first[0], name)
+            per_file[Path(name).name] = over_anchor(results, method, args.anchor)
         pooled = [v for ratios in per_file.values() for v in ratios.values()]
         summary["methods"][label] = {"method": method, "per_file": per_file,
                                      "geomean": metrics.geometric_mean(pooled), "prompts": len(pooled)}

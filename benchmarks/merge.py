@@ -46,6 +46,10 @@ def _counts(results: dict, method: str) -> dict[str, tuple[int, int, int]]:
             for r in results["records"] if r["method"] == method}
 
 
+def _texts(results: dict, method: str) -> dict[str, str | None]:
+    return {r["prompt_id"]: r.get("text") for r in results["records"] if r["method"] == method}
+
+
 def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) -> None:
     # Models, dtypes and the token budgets the records were decoded with (not the flag: None means the profile's).
     checks = metrics.differing_setups(base, added)
@@ -64,6 +68,12 @@ def _require_same_setting(base: dict, added: dict, same_prompts: bool = True) ->
     if base["config"]["sample"] or added["config"]["sample"]:
         raise ValueError("a run used --sample: sampled outputs are not deterministic, so their forwards cannot be "
                          "compared across runs. Fix: merge greedy runs only.")
+    base_options, added_options = metrics.run_options(base), metrics.run_options(added)
+    threshold = "stock_confidence_threshold"
+    if threshold in base_options and threshold in added_options and base_options[threshold] != added_options[threshold]:
+        raise ValueError(f"the runs' stock baselines used --stock-confidence-threshold {base_options[threshold]!r} vs "
+                         f"{added_options[threshold]!r}, so 'stock_assisted' is not one method in both. Fix: run the "
+                         "added methods with the base run's threshold, or with --skip-stock.")
 
 
 def _rename_changed(added: dict, changed: list[str], base_names: list[str]) -> dict:
@@ -97,6 +107,10 @@ def merge_runs(base: dict, added: dict, base_path: str, added_path: str, changed
         then, now = _counts(base, name), _counts(added, name)
         mismatches += [f"{name} on {pid}: (F, D, new tokens) {then.get(pid)} vs {now.get(pid)}"
                        for pid in sorted(set(then) | set(now)) if then.get(pid) != now.get(pid)]
+        # The report says the anchors' outputs were identical too: same counts can hide another text.
+        then_texts, now_texts = _texts(base, name), _texts(added, name)
+        mismatches += [f"{name} on {pid}: another output text" for pid in sorted(set(then_texts) & set(now_texts))
+                       if then.get(pid) == now.get(pid) and then_texts[pid] != now_texts[pid]]
     if mismatches:
         raise ValueError("the anchors did not repeat exactly, so the runs' counts are not comparable: "
                          + "; ".join(mismatches[:5]) + ". Fix: use the same commit, models and dtypes as the base run.")
@@ -152,9 +166,6 @@ def _base_over_anchor(base: dict, base_path: str, anchor: str) -> dict[str, dict
             for m in base["methods"] if m["name"] != anchor}
 
 
-_SAME_OPTIONS = ("kind", "gamma", "rule", "rule_kwargs", "draft_length", "draft_length_config", "draft")
-
-
 def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
               base_methods: dict[str, str] | None = None) -> dict:
     """The pooled results dict (`--pool`, see the module docstring); raises `ValueError` when the runs cannot be
@@ -174,7 +185,7 @@ def pool_runs(base: dict, added: dict, base_path: str, added_path: str,
         raise ValueError(f"--pool: the base run has no method {', '.join(missing)} (its methods: {list(base_by_name)})."
                          " Fix: pool runs of the same methods, naming a renamed one with --base-method NEW=OLD.")
     differing = [f"{name}: {key} {base_by_name[old].get(key)!r} vs {added_by_name[name].get(key)!r}"
-                 for name, old in source.items() for key in _SAME_OPTIONS
+                 for name, old in source.items() for key in metrics.SAME_METHOD_OPTIONS
                  if base_by_name[old].get(key) != added_by_name[name].get(key)]
     if differing:
         raise ValueError("--pool: a method ran with other options in the two runs (" + "; ".join(differing[:5])

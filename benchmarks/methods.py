@@ -185,7 +185,8 @@ def rule_skip_reason(rule: AcceptanceRule, draft: torch.nn.Module, do_sample: bo
 
 
 def check_method_options(
-    rules: list[str] | None, acceptance_kwargs: dict[str, dict], draft_lengths: list[DraftLengthSpec] | None
+    rules: list[str] | None, acceptance_kwargs: dict[str, dict], draft_lengths: list[DraftLengthSpec] | None,
+    num_assistant_tokens: int | None = None,
 ) -> list[str]:
     """The rules to run (`None`: every registered one), after building each with its options and each draft-length
     entry for each of them, as `build_methods` will: a bad name or option raises here, before any model loads."""
@@ -197,8 +198,15 @@ def check_method_options(
     for name in names:
         RULES.build(name, dict(acceptance_kwargs.get(name, {})))
         for spec in draft_lengths or []:
-            build_policy(spec.policy, spec.tokens, RULES.get(name).default_num_draft_tokens, dict(spec.options))
+            build_policy(spec.policy, entry_tokens(spec, num_assistant_tokens), RULES.get(name).default_num_draft_tokens,
+                         dict(spec.options))
     return names
+
+
+def entry_tokens(spec: DraftLengthSpec, num_assistant_tokens: int | None) -> int | None:
+    """The length a `--draft-lengths` entry runs with: its own (`constant:3`), else `--num-assistant-tokens`, as
+    `generate(num_assistant_tokens=...)` fills a policy's length; None leaves it to the policy and the rule."""
+    return spec.tokens if spec.tokens is not None else num_assistant_tokens
 
 
 def build_methods(
@@ -225,7 +233,7 @@ def build_methods(
         raise ValueError(f"--policy-state: got {policy_state!r}; expected one of {list(POLICY_STATES)}. Fix: pass "
                          "'run' (one instance per method) or 'category' (one per category).")
     registered = hf_semspec.available_rules()
-    names = check_method_options(rules, acceptance_kwargs, draft_lengths)
+    names = check_method_options(rules, acceptance_kwargs, draft_lengths, num_assistant_tokens)
     exact_gamma = RULES.get("exact").default_num_draft_tokens if "exact" in registered else AcceptanceRule.default_num_draft_tokens
     methods = [Method(PLAIN, "plain")]
     if include_stock:
@@ -246,10 +254,11 @@ def build_methods(
                                   uses_pruned_draft=uses_pruned))
             continue
         for spec in draft_lengths:
-            policy = build_policy(spec.policy, spec.tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
+            tokens = entry_tokens(spec, num_assistant_tokens)
+            policy = build_policy(spec.policy, tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
             state = policy_state if type(policy).keeps_state_across_calls else "run"
             suffix = PER_CATEGORY_SUFFIX if state == "category" else ""
-            methods.append(Method(f"{SEMSPEC_PREFIX}{name}/{spec.label}{suffix}", "semspec", gamma=spec.tokens,
+            methods.append(Method(f"{SEMSPEC_PREFIX}{name}/{spec.label}{suffix}", "semspec", gamma=tokens,
                                   rule=name, rule_kwargs=kwargs, draft_length=spec.policy,
                                   draft_length_kwargs=dict(spec.options), uses_pruned_draft=uses_pruned,
                                   policy=policy, policy_state=state))

@@ -277,6 +277,21 @@ def token_budgets(results: dict) -> dict[str, list[int]]:
     return {category: sorted(values) for category, values in sorted(budgets.items())}
 
 
+# A method's options that must agree for its records in two results files to count as one method's (merge, pool,
+# resolution): what ran, at which length, with which rule and policy options, with which draft.
+SAME_METHOD_OPTIONS = ("kind", "gamma", "rule", "rule_kwargs", "draft_length", "draft_length_config", "draft")
+
+
+def run_options(results: dict) -> dict:
+    """The run-wide options that change what every method (or the stock baseline) does: sampling, and the stock
+    method's confidence threshold where the run has one (replays record neither: greedy, no stock)."""
+    config = results.get("config") or {}
+    options = {"sample": bool(config.get("sample", False))}
+    if any(m.get("kind") == "stock" for m in results.get("methods", [])):
+        options["stock_confidence_threshold"] = config.get("stock_confidence_threshold")
+    return options
+
+
 def differing_setups(first: dict, other: dict) -> dict[str, tuple]:
     """What differs between two results files' models (names and dtypes, where both record them) and token budgets
     (in the categories both hold), as `{what: (first's, other's)}`."""

@@ -315,9 +315,11 @@ def main(argv=None) -> int:
     configs = [("unpruned", "exact")] + [(f"pruned {k:.0%}", rule) for k in keeps for rule in ("exact", "rdk")]
     modes = [m for m in args.modes.split(",") if m]
     rows = []
-    if modes:  # warm-up (untimed): first calls pay for allocations and kernel selection
-        for name, rule in (configs[0], configs[-1]):
-            target.generate(**inputs[0], assistant_model=drafters[name], acceptance=rule, max_new_tokens=8)
+    if modes:  # warm-up (untimed), every drafter and rule in every mode: first calls pay for allocations and kernels
+        for mode in modes:
+            for name, rule in configs:
+                target.generate(**inputs[0], assistant_model=drafters[name], acceptance=rule, max_new_tokens=8,
+                                do_sample=mode == "sample", num_assistant_tokens=args.num_draft_tokens)
         log("warm-up done")
     for mode in modes:
         for name, rule in configs:

@@ -224,13 +224,15 @@ def section(methods: list[dict], records: list[dict], costs: dict, heading: str 
 
 
 def setting(results: dict) -> dict:
-    """What must agree for two files' records to pool as one experiment: each method's options (the config it ran
-    with, and which prompts shared its instance), and a replay's own setting (how its policies kept state, the round
-    times' noise and seeds, the costs it priced rounds at, which steer the policies that learn from time)."""
-    methods = {m["name"]: (m.get("draft_length_config"), m.get("policy_state", "run")) for m in results["methods"]}
+    """What must agree for two files' records to pool as one experiment: each method's options (as merge compares
+    them: kind, length, rule and its options, policy and its config, draft; and which prompts shared its instance), the
+    run's sampling and stock threshold, and a replay's own setting (how its policies kept state, the round times'
+    noise and seeds, the costs it priced rounds at, which steer the policies that learn from time)."""
+    methods = {m["name"]: {**{key: m.get(key) for key in metrics.SAME_METHOD_OPTIONS},
+                           "policy_state": m.get("policy_state", "run")} for m in results["methods"]}
     if "traces" not in results and "round_time_noise" not in results:
-        return {"methods": methods}
-    return {"methods": methods, "policy_state": replay_policy_state(results),
+        return {"methods": methods, **metrics.run_options(results)}
+    return {"methods": methods, **metrics.run_options(results), "policy_state": replay_policy_state(results),
             "costs": _to_9_digits(results.get("costs")),
             **{k: results.get(k) for k in ("round_time_noise", "seed", "seeds")}}
 
@@ -269,7 +271,8 @@ def pool(paths: list[Path]) -> tuple[list[dict], list[dict], dict]:
         if differ:
             if "methods" in differ:
                 a, b = differ["methods"]
-                differ["methods"] = {n: (a[n], b[n]) for n in names if a[n] != b[n]}
+                differ["methods"] = {n: {key: (a[n][key], b[n][key]) for key in a[n] if a[n][key] != b[n][key]}
+                                     for n in names if a[n] != b[n]}
             raise ValueError(f"{path}: its setting differs from {paths[0]}'s ({differ}, as (first, this)); pool "
                              "results of one experiment on different prompts. Fix: run both with the same options")
         prompts = {r["prompt_id"] for r in results["records"]}

@@ -129,7 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--acceptance-kwargs", type=json.loads, default={},
                    help='JSON object of options per rule, e.g. \'{"ears": {"beta": 0.2}}\'')
     p.add_argument("--num-assistant-tokens", type=_at_least(1), default=None,
-                   help="γ for every speculative method (default: each rule's default; stock: exact's default)")
+                   help="γ for every speculative method: stock's, and the length of each --draft-lengths entry "
+                        "that gives none of its own (default: each rule's default; stock: exact's default)")
     p.add_argument("--draft-lengths", default=None,
                    help="comma-separated draft-length policies, each optionally with :<num_assistant_tokens> and "
                         "(<option>=<value>;...) draft_length_kwargs, e.g. "
@@ -264,11 +265,13 @@ def same_prompts_as(pool: list[data.Prompt], args: argparse.Namespace) -> list[d
     """The prompts of `pool` that the run of `args.same_prompts_as` measured, every one of them, interleaved round-robin
     by category as a per-category selection is (so a policy that learns sees the categories alternate)."""
     conflicting = [f"--{name.replace('_', '-')} {value}" for name, value in
-                   (("prompts_per_category", args.prompts_per_category), ("skip_per_category", args.skip_per_category))
+                   (("prompts_per_category", args.prompts_per_category), ("skip_per_category", args.skip_per_category),
+                    ("selection", args.selection), ("max_prompt_chars", args.max_prompt_chars))
                    if value is not None]
     if conflicting:
         raise ValueError(f"--same-prompts-as {args.same_prompts_as} with {' and '.join(conflicting)}: expected one "
-                         "way to choose prompts. Fix: drop the per-category options, or --same-prompts-as.")
+                         "way to choose prompts (these options would be recorded but not applied). Fix: drop them, or "
+                         "--same-prompts-as.")
     saved = json.loads(args.same_prompts_as.read_text(encoding="utf-8"))
     wanted = set(saved["selection"]["prompt_ids"])
     chosen = [p for p in pool if p.prompt_id in wanted]
@@ -357,7 +360,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     # 1. Prompts and method options first (cheap, and a bad value fails before minutes of model loading).
     draft_lengths = methods_lib.parse_draft_lengths(args.draft_lengths)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
-    methods_lib.check_method_options(rules, args.acceptance_kwargs, draft_lengths)
+    methods_lib.check_method_options(rules, args.acceptance_kwargs, draft_lengths, args.num_assistant_tokens)
     per_length_costs = metrics.per_length_costs(args.verify_cost) if args.verify_cost is not None else None
     prompts, selection_summary = select_prompts(args, profile)
     if not prompts:

@@ -140,9 +140,10 @@ def measure(max_k: int, repeats: int, data_dir: Path,
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-k", type=int, default=40, help="longest draft measured (a forward over k + 1 tokens)")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, as in run.py")
+    parser.add_argument("--max-k", type=int, default=None,
+                        help="longest draft measured (a forward over k + 1 tokens; default 40)")
+    parser.add_argument("--repeats", type=int, default=None, help="passes over k = 0..max-k (default 5)")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads, as in run.py (default 2)")
     parser.add_argument("--reprice", type=Path, nargs="*", default=[], help="draft-length reports to price again")
     parser.add_argument("--measured", type=Path, default=None, help="reuse the measurement of an earlier JSON")
     parser.add_argument("--cached-tokens", type=int, default=None, help="tokens in the cache the verify forwards "
@@ -150,23 +151,34 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--name", default="verify-cost")
     args = parser.parse_args(argv)
-    torch.set_num_threads(args.threads)
     if args.measured is not None:
+        # Re-used, not measured: the options of a measurement would be recorded without having applied.
+        given = [flag for flag, value in (("--max-k", args.max_k), ("--repeats", args.repeats),
+                                          ("--threads", args.threads), ("--cached-tokens", args.cached_tokens))
+                 if value is not None]
+        if given:
+            parser.error(f"--measured {args.measured} re-uses that measurement, so {', '.join(given)} would not "
+                         "apply. Fix: drop them, or measure again without --measured.")
         previous = json.loads(args.measured.read_text(encoding="utf-8"))
         verify = {int(k): v for k, v in previous["verify_seconds_per_pass"].items()}
         draft_steps, prompt_tokens = previous["draft_step_seconds"], previous["prompt_tokens"]
+        threads, torch_version = previous.get("threads"), previous.get("torch")
     else:
-        verify, draft_steps, prompt_tokens = measure(args.max_k, args.repeats, args.data_dir, args.cached_tokens)
+        threads, torch_version = args.threads if args.threads is not None else 2, torch.__version__
+        torch.set_num_threads(threads)
+        verify, draft_steps, prompt_tokens = measure(args.max_k if args.max_k is not None else 40,
+                                                     args.repeats if args.repeats is not None else 5, args.data_dir,
+                                                     args.cached_tokens)
     medians = {k: statistics.median(v) for k, v in verify.items()}
     draft_step = statistics.median(draft_steps)
-    lines = [f"# Verify cost by draft length: reference pair, {torch.get_num_threads()} threads, "
+    lines = [f"# Verify cost by draft length: reference pair, {threads} threads, "
              f"{prompt_tokens} cached prompt tokens, {len(verify[0])} passes", "",
              f"Draft step (one-token forward of the draft), median: {draft_step:.3f} s.", ""]
     lines += markdown.table(
         ["k (drafts)", "target forward over k + 1 tokens, median", "min", "max", "/ k = 0"],
         [[str(k), f"{medians[k]:.3f} s", f"{min(v):.3f}", f"{max(v):.3f}", f"{medians[k] / medians[0]:.2f}"]
          for k, v in verify.items()])
-    summary = {"prompt_tokens": prompt_tokens, "threads": torch.get_num_threads(), "torch": torch.__version__,
+    summary = {"prompt_tokens": prompt_tokens, "threads": threads, "torch": torch_version,
                "verify_seconds_per_pass": verify, "verify_seconds": medians, "draft_step_seconds": draft_steps,
                "draft_step": draft_step, "repriced": {}}
     RESULTS_DIR.mkdir(exist_ok=True)

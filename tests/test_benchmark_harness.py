@@ -352,6 +352,14 @@ def test_draft_length_specs_expand_each_rule():
     assert [m.name for m in built] == ["plain", "stock_assisted", "semspec:exact/constant:3", "semspec:exact/adaedl",
                                        "semspec:fly/constant:3", "semspec:fly/adaedl"]
     assert [(m.gamma, m.draft_length) for m in built[2:4]] == [(3, "constant"), (None, "adaedl")]
+    # --num-assistant-tokens is the length of the entries that give none, as generate() fills one; stock runs it too
+    # (it was stock's alone: stock and the policies ran at different lengths).
+    built, _ = methods.build_methods(["exact"], {}, 2, False, tiny_llama(seed=1),
+                                     methods.parse_draft_lengths("constant:3,constant,heuristic"))
+    assert [(m.name, m.gamma) for m in built] == [("plain", None), ("stock_assisted", 2),
+                                                 ("semspec:exact/constant:3", 3), ("semspec:exact/constant", 2),
+                                                 ("semspec:exact/heuristic", 2)]
+    assert [m.policy.max_tokens() for m in built[2:]] == [3, 2, 2]
 
 
 def test_policy_methods_keep_one_instance_for_the_run():
@@ -430,6 +438,9 @@ def test_run_on_the_same_prompts_as_an_earlier_run(tmp_path):
         run.select_prompts(*_args_and_profile(argv))
     with pytest.raises(ValueError, match=r"with --prompts-per-category 2: expected one way to choose prompts"):
         run.select_prompts(*_args_and_profile(argv + ["--prompts-per-category", "2"]))
+    # The shape of a selection too: recorded in the results but not applied to the earlier run's prompts.
+    with pytest.raises(ValueError, match=r"with --selection spread and --max-prompt-chars 5: expected one way"):
+        run.select_prompts(*_args_and_profile(argv + ["--selection", "spread", "--max-prompt-chars", "5"]))
 
 
 def test_draft_length_section_compares_policies_with_the_best_fixed_length():
@@ -843,6 +854,8 @@ def test_merge_keeps_a_changed_method_of_both_runs_under_the_added_commit():
     "change, message",
     [
         (lambda a: a["records"][1].update(target_forwards=23), r"anchors did not repeat exactly.*constant:3 on p0"),
+        # Same counts, another text: the report would say the outputs were identical.
+        (lambda a: a["records"][1].update(text="another answer"), r"constant:3 on p0: another output text"),
         (lambda a: a["selection"].update(prompt_ids=["p0", "p9"]), r"differ in prompts: \['p0', 'p1'\] vs \['p0', 'p9'\]"),
         # The budget the records were decoded with, not the flag (None when the profile's default was used).
         (lambda a: [r.update(max_new_tokens=128) for r in a["records"]], r"differ in max_new_tokens \(c\): \[64\] vs \[128\]"),
@@ -857,6 +870,20 @@ def test_merge_refuses_runs_that_are_not_comparable(change, message):
     change(added)
     with pytest.raises(ValueError, match=message):
         merge.merge_runs(base, added, "base.json", "added.json")
+
+
+def test_merge_and_pool_refuse_stock_baselines_of_other_thresholds():
+    # The stock method is one method only at one confidence threshold: pooled, "speed-up vs stock" mixed two baselines.
+    base = _run({"semspec:exact/constant:3": (24, 60)}, plain_speed=2.0)
+    added = _run({"semspec:exact/constant:3": (20, 50)}, plain_speed=2.0, prompts=("p2", "p3"))
+    for results, threshold in ((base, 0.4), (added, 0.0)):
+        results["config"]["stock_confidence_threshold"] = threshold
+        results["methods"].append({"name": "stock_assisted", "kind": "stock"})
+    with pytest.raises(ValueError, match=r"stock baselines used --stock-confidence-threshold 0.4 vs 0.0.*Fix: run the "
+                                         r"added methods with the base run's threshold"):
+        merge.pool_runs(base, added, "base.json", "added.json")
+    added["methods"].pop()  # a run without the stock method has no baseline to differ
+    assert metrics.run_options(added) == {"sample": False}
 
 
 def test_pool_joins_the_same_methods_on_other_prompts_at_the_base_costs():

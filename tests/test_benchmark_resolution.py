@@ -138,7 +138,16 @@ def test_pool_writes_the_table_over_files_and_refuses_what_it_cannot_pool(tmp_pa
                for m in _methods()]
     other.write_text(json.dumps({**second, "methods": changed}), encoding="utf-8")
     with pytest.raises(ValueError, match=r"other.json: its setting differs .*'methods': \{'semspec:fly/tapout': "
-                                         r"\(\(None, 'run'\), \(\{'bandit': 'ucb1'\}, 'run'\)\)\}"):
+                                         r"\{'draft_length_config': \(None, \{'bandit': 'ucb1'\}\)\}\}"):
+        resolution.pool([paths[0], other])
+    # As merge compares them: the rule's options too, and the run's sampling (they were pooled as one experiment).
+    changed = [{**m, "rule_kwargs": {"window": 1}} if m["rule"] == "fly" else m for m in _methods()]
+    other.write_text(json.dumps({**second, "methods": changed}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its setting differs .*'semspec:fly/constant:3': \{'rule_kwargs': "
+                                         r"\(None, \{'window': 1\}\)\}"):
+        resolution.pool([paths[0], other])
+    other.write_text(json.dumps({**second, "config": {"sample": True}}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"its setting differs .*'sample': \(False, True\)"):
         resolution.pool([paths[0], other])
     # Records decoded with other budgets, or a draft in another dtype, are another experiment too.
     other.write_text(json.dumps({**second, "records": [{**r, "max_new_tokens": 256} for r in second["records"]]}),
@@ -239,6 +248,22 @@ def test_over_anchor_divides_by_the_anchor_on_the_same_prompt_and_run(tmp_path):
     merged = {**first, "merged": {"base": "a.json", "added": "b.json"}}
     with pytest.raises(ValueError, match=r"a merge of runs \(a.json \+ b.json\).*Fix: pass the runs it merges"):
         anchored.over_anchor(merged, policy, "semspec:fly/constant:3")
+    # Two files of one name: the second replaced the first (2 prompts counted instead of 4). Refused.
+    (tmp_path / "copy").mkdir()
+    same_name = tmp_path / "copy" / "a.json"
+    same_name.write_text(json.dumps(second), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"--runs 'cost_aware\(flip_prior=0.5\)': two files named 'a.json'\. Fix: "):
+        anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--output-dir", str(tmp_path),
+                       "--runs", f"cost_aware(flip_prior=0.5)={paths[0]},{same_name}"])
+    # A run whose anchor made other forwards (other rule options, sampling) is another experiment. Refused.
+    anchor_method = {"name": "semspec:fly/constant:3", "rule": "fly", "rule_kwargs": {}}
+    for change, message in (({"methods": [{**anchor_method, "rule_kwargs": {"window": 1}}]}, r"constant:3 options"),
+                            ({"methods": [anchor_method], "config": {"sample": True}}, r"'--sample': \(False, True\)")):
+        paths[0].write_text(json.dumps({**first, "methods": [anchor_method]}), encoding="utf-8")
+        paths[1].write_text(json.dumps({**second, **change}), encoding="utf-8")
+        with pytest.raises(ValueError, match=rf"b.json: not the same experiment as .*a.json .*{message}"):
+            anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--output-dir", str(tmp_path),
+                           "--runs", f"cost_aware(flip_prior=0.5)={paths[0]},{paths[1]}"])
 
 
 def test_fitted_line_goes_through_the_lengths_the_rounds_drafted():
@@ -247,3 +272,10 @@ def test_fitted_line_goes_through_the_lengths_the_rounds_drafted():
                {"target_forwards": 1, "acceptance_stats": {"drafted_per_position": [1, 1]}}]
     line = verify_cost.fitted_line({0: 1.0, 1: 9.0, 2: 5.0}, records)
     assert line == pytest.approx({0: 1.0, 1: 3.0, 2: 5.0})
+
+
+def test_verify_cost_refuses_measuring_options_with_a_reused_measurement(tmp_path, capsys):
+    # They were accepted and ignored, and the report said the current thread count, not the measurement's.
+    with pytest.raises(SystemExit):
+        verify_cost.main(["--measured", str(tmp_path / "m.json"), "--threads", "1", "--max-k", "40"])
+    assert "re-uses that measurement, so --max-k, --threads would not apply" in capsys.readouterr().err

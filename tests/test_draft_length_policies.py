@@ -998,6 +998,18 @@ def test_a_cut_round_is_not_learned_as_a_rejection():
     assert rewards == [5.0, 6.0]
 
 
+def test_tapout_arms_of_one_value_spelled_1_and_1_0_are_one_kept_policy():
+    # The options of a dict arm are stored as its config stores them, so the key a kept tapout is found by is one.
+    from hf_semspec.generation import _options_key
+
+    user_arms = [{"name": "cost_aware", "prior_strength": 1}, "constant:2"]
+    as_int, as_float = (TapOutConfig(arms=[{"name": "cost_aware", "prior_strength": v}, "constant:2"]) for v in (1, 1.0))
+    assert _options_key(as_int) == _options_key(as_float)
+    assert as_int.arms[0] == {"name": "cost_aware", "prior_strength": 1.0}
+    TapOutConfig(arms=user_arms)
+    assert type(user_arms[0]["prior_strength"]) is int  # the caller's list is left as it was
+
+
 def test_tapout_survives_rounds_timed_at_zero_seconds():
     # A clock too coarse to time a round: the fitted reward divided by the mean time at k, 0 (ZeroDivisionError).
     policy = TapOutPolicy(TapOutConfig(arms=["constant:1", "constant:2"]))

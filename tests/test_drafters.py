@@ -661,12 +661,30 @@ def test_a_kernel_set_by_hand_is_in_the_saved_config_and_the_card(tmp_path, draf
 
 
 def test_a_drafter_of_a_custom_code_model_is_not_saved(tmp_path, tokenizer):
-    # from_pretrained could never load it: the base model's code is not saved with the drafter.
+    # from_pretrained could never load it: the base model's code is not saved with the drafter. A class transformers
+    # loaded with trust_remote_code lives under transformers_modules; a subclass defined there stands in for it.
+    import types
+
+    module = types.ModuleType("transformers_modules.someone.modeling_custom")
+    exec("from transformers import LlamaConfig\nclass CustomConfig(LlamaConfig):\n    pass", module.__dict__)
+    model = tiny_llama(0)
+    model.config = module.CustomConfig(**model.config.to_dict())
+    drafter = prune_vocabulary(model, tokenizer, keep_ids=[5, 9])
+    assert drafter(input_ids=prompt(4)).logits.shape == (1, 4, drafter.num_kept)  # usable in memory
+    with pytest.raises(SemSpecConfigError, match=r"`the base model's classes` = \['transformers_modules.someone."
+                                                 r"modeling_custom'\] is not valid: .*Fix: use this drafter in memory"):
+        drafter.save_pretrained(tmp_path)
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_native_model_with_an_auto_map_saves_and_loads(tmp_path, tokenizer):
+    # Phi-3's repos ship code and a native port: loaded without trust_remote_code the model keeps the auto_map of its
+    # config.json. The drafter saves without it (it would ask from_pretrained for code the folder does not hold).
     model = tiny_llama(0)
     model.config.auto_map = {"AutoModelForCausalLM": "modeling_custom.CustomForCausalLM"}
     drafter = prune_vocabulary(model, tokenizer, keep_ids=[5, 9])
-    assert drafter(input_ids=prompt(4)).logits.shape == (1, 4, drafter.num_kept)  # usable in memory
-    with pytest.raises(SemSpecConfigError, match=r"`config.auto_map` = .*CustomForCausalLM.* allowed None: .*Fix: use "
-                                                 r"this drafter in memory"):
-        drafter.save_pretrained(tmp_path)
-    assert not any(tmp_path.iterdir())
+    drafter.save_pretrained(tmp_path)
+    assert "auto_map" not in json.loads((tmp_path / "config.json").read_text())
+    assert model.config.auto_map  # the base model's config is left as it was
+    loaded = PrunedVocabDrafter.from_pretrained(tmp_path)
+    assert torch.equal(loaded(input_ids=prompt(4)).logits, drafter(input_ids=prompt(4)).logits)

@@ -344,8 +344,9 @@ def test_missing_inputs_name_the_fix():
     no_q = VerificationInput(
         inputs.draft_token_ids, inputs.target_logits, None, inputs.target_hidden_states, inputs.lm_head_weight
     )
-    with pytest.raises(SemSpecConfigError, match=r"`draft_probs` = None .*with criterion='js'\. Fix: pass "
-                                                 r"draft_probs, or use acceptance_kwargs=\{'criterion': 'naive'\}"):
+    with pytest.raises(SemSpecConfigError, match=r"`draft_probs` = None .*with criterion='js' compares it with the "
+                                                 r"heads'\. Fix: pass draft_probs, or use acceptance_kwargs="
+                                                 r"\{'criterion': 'naive'\}"):
         RULES.build("dropmatch", {}).verify(no_q)
     assert RULES.build("dropmatch", {"criterion": "naive"}).verify(no_q).accepted.shape == (16, 4)
 

@@ -212,18 +212,27 @@ def test_rule_instances_do_not_share_counters(name):
     assert copy.deepcopy(a.config) == a.config
 
 
-@pytest.mark.parametrize("forbidden", ["-inf", "lowest finite"])
-@pytest.mark.parametrize("name,do_sample", rule_and_mode())
+FORBIDDEN_LOGITS = {"-inf": float("-inf"), "lowest finite": torch.finfo(torch.float32).min,
+                    "lowest finite / temperature 1.5": torch.finfo(torch.float32).min / 1.5}
+
+
+@pytest.mark.parametrize("name,do_sample,forbidden", [
+    pytest.param(name, do_sample, forbidden, id=f"{name}-{'sample' if do_sample else 'greedy'}-{forbidden}")
+    for name in RULE_NAMES for do_sample in MODES for forbidden in FORBIDDEN_LOGITS
+    if do_sample or "temperature" not in forbidden  # greedy decoding applies no temperature
+])
 def test_a_draft_the_processors_forbid_is_never_accepted(name, do_sample, forbidden):
     """Whatever the rule: a draft whose target logit is −inf (outside top-k / top-p, a bad word) is rejected, also
-    where `remove_invalid_values=True` wrote −inf as the lowest finite float. A uniform target makes the relaxed rules
-    accept everything else (fly flips it: high entropy, the window matches)."""
+    where `remove_invalid_values=True` wrote −inf as the lowest finite float, which sampling then divides by its
+    temperature (transformers runs that processor before the warpers). A uniform target makes the relaxed rules
+    accept everything else: a flat first row, then rows certain of the drafts after it (fly flips it: high entropy,
+    the window matches, in both modes)."""
     rule = make_rule(name)
     skip_unsupported(rule, do_sample)
     draft = torch.tensor([[3, 0, 0, 0, 0, 0, 0, 0]])
-    inputs = make_inputs(torch.zeros(1, 9, HIDDEN), draft, do_sample)
-    # the processors forbid the first draft
-    inputs.target_logits[0, 0, 3] = float("-inf") if forbidden == "-inf" else torch.finfo(torch.float32).min
+    hidden = torch.cat([torch.zeros(1, 1, HIDDEN), one_hot_hidden(torch.zeros(1, 8, dtype=torch.long))], dim=1)
+    inputs = make_inputs(hidden, draft, do_sample)
+    inputs.target_logits[0, 0, 3] = FORBIDDEN_LOGITS[forbidden]  # the processors forbid the first draft
     result = rule.verify(inputs)
     assert result.num_accepted.tolist() == [0]
     assert result.next_token.item() != 3
@@ -263,9 +272,12 @@ def test_inputs_of_the_wrong_shape_get_a_clear_error(name, do_sample):
                                                  r"allowed shape \(batch, γ \+ 1, vocab\) = \(1, 3, vocab\)"):
         rule.verify(too_few)
     without_q = dataclasses.replace(inputs, draft_probs=None, _memo={})
+    misshaped_q = dataclasses.replace(inputs, draft_probs=inputs.draft_probs[..., :-1], _memo={})
     if do_sample and name in ("exact", "ears", "rdk") or rule.requires_draft_probs:
-        with pytest.raises(SemSpecConfigError, match=r"`draft_probs` = None is not valid: allowed the .*"
-                                                     r"distribution.*, shape \(batch, γ, vocab\)"):
-            rule.verify(without_q)
+        for wrong, received in ((without_q, "None"), (misshaped_q, r"'a tensor of shape \(1, 2, 10\)'")):
+            with pytest.raises(SemSpecConfigError, match=rf"`draft_probs` = {received} is not valid: allowed the "
+                                                         r"distribution each draft was drawn from, shape \(batch, γ, "
+                                                         r"vocab\) = \(1, 2, 11\)"):
+                rule.verify(wrong)
     else:  # the rule does not read q here
         assert rule.verify(without_q).num_accepted.shape == (1,)

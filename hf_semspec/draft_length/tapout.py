@@ -237,6 +237,7 @@ class TapOutConfig(DraftLengthConfig):
         if self.arms is not None:
             self._validate_arm_names()
         built: dict[tuple, str | dict] = {}  # (policy, its config) → the first arm that builds it
+        normalized: list[str | dict] = []  # the arms, a dict arm's options as its config stores them (1 → 1.0)
         for arm in self.arms if self.arms is not None else DEFAULT_ARMS:  # each as it will be built, with its length
             try:
                 config, takes_num_tokens = _arm_config(arm, self.num_tokens)
@@ -263,6 +264,10 @@ class TapOutConfig(DraftLengthConfig):
                     f"each arm once ({built[key]!r} and {arm!r} build the same policy with the same options)",
                     "remove the repeated arm")
             built[key] = arm
+            normalized.append({"name": name, **{k: getattr(config, k) for k in arm_options(arm)}}
+                              if isinstance(arm, dict) else arm)
+        if self.arms is not None:  # a new list: the caller's is never changed
+            self.arms = normalized
 
     def _validate_arm_names(self) -> None:
         label = f"{self.argument_name}['arms']"

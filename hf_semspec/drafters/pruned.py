@@ -42,6 +42,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.utils import TRANSFORMERS_DYNAMIC_MODULE_NAME
 
 from ..errors import invalid_value
 from . import keep_set as ks
@@ -234,19 +235,24 @@ class PrunedVocabDrafter(torch.nn.Module):
 
         `tokenizer` defaults to the drafter's own (`self.tokenizer`, set by `prune_vocabulary`/`from_pretrained`).
         """
-        auto_map = getattr(self.config, "auto_map", None)
-        if auto_map:
+        remote = [type(obj).__module__ for obj in (self.config, self.model)
+                  if type(obj).__module__.startswith(TRANSFORMERS_DYNAMIC_MODULE_NAME)]
+        if remote:
             # from_pretrained would need the base model's own code, which is not saved with the drafter.
             raise invalid_value(
-                "config.auto_map",
-                auto_map,
-                "None: a drafter is saved only for architectures transformers ships (loading one needs no remote code)",
+                "the base model's classes",
+                remote,
+                "classes transformers ships (a drafter of a model loaded with trust_remote_code cannot be loaded again)",
                 "use this drafter in memory, or prune a model whose architecture transformers ships (many custom-code "
                 "models also have a native port: load it without trust_remote_code)",
             )
         folder = pathlib.Path(save_directory)
         folder.mkdir(parents=True, exist_ok=True)
         config = copy.deepcopy(self.config)
+        # A native model keeps the auto_map of a repo that also ships code (Phi-3's): saved, it would ask
+        # from_pretrained for that code, which the drafter's folder does not hold.
+        if getattr(config, "auto_map", None):
+            del config.auto_map
         config.dtype = self.dtype  # what the weights are saved in, so that from_pretrained(dtype="auto") loads it
         config.save_pretrained(folder)
         if self.generation_config is not None:

@@ -127,23 +127,32 @@ class VerificationInput:
         return self.target_probs[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
 
     def drafts_allowed(self) -> torch.BoolTensor:
-        """Whether the logits processors left each draft possible, shape `(batch, γ)`: its target logit above −inf,
-        and above the dtype's lowest finite value, which transformers' `remove_invalid_values=True` writes for −inf."""
+        """Whether the logits processors left each draft possible, shape `(batch, γ)`. Sampling: p_i(x̂_i) > 0, the
+        support plain sampling draws from (a forbidden logit, −inf or the lowest finite float that transformers'
+        `remove_invalid_values=True` writes for it, divided by a temperature, has p = 0). Greedy: the target logit
+        above that lowest finite float (no softmax needed; greedy decoding applies no temperature)."""
+        if self.do_sample:
+            return self.target_prob_of_drafts() > 0
         logits = self.target_logits[:, :-1].gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
         return logits > torch.finfo(logits.dtype).min
 
-    def draft_prob_of_drafts(self) -> torch.FloatTensor:
-        """q_i(x̂_i), shape `(batch, γ)`; needs `draft_probs` (a clear error names it when it is missing)."""
+    def checked_draft_probs(self, why: str = "this rule reads q(x̂) (when sampling, or always if it sets "
+                            "requires_draft_probs)", fix: str = "pass draft_probs=q, the draft's probabilities after "
+                            "the logits processors") -> torch.FloatTensor:
+        """`draft_probs`, after checking that it is there with shape `(batch, γ, vocab)`; a clear error otherwise."""
         expected = (*self.draft_token_ids.shape, self.target_logits.shape[-1])
         if self.draft_probs is None or tuple(self.draft_probs.shape) != expected:
             raise invalid_value(
                 "draft_probs",
                 None if self.draft_probs is None else f"a tensor of shape {tuple(self.draft_probs.shape)}",
-                f"the distribution each draft was drawn from, shape (batch, γ, vocab) = {expected}: this rule reads "
-                "q(x̂) (when sampling, or always if it sets requires_draft_probs)",
-                "pass draft_probs=q, the draft's probabilities after the logits processors",
+                f"the distribution each draft was drawn from, shape (batch, γ, vocab) = {expected}: {why}",
+                fix,
             )
-        return self.draft_probs.float().gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
+        return self.draft_probs
+
+    def draft_prob_of_drafts(self) -> torch.FloatTensor:
+        """q_i(x̂_i), shape `(batch, γ)`; needs `draft_probs` (`checked_draft_probs`)."""
+        return self.checked_draft_probs().float().gather(-1, self.draft_token_ids[..., None]).squeeze(-1)
 
 
 @dataclass

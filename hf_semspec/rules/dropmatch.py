@@ -247,13 +247,9 @@ class DropMatchRule(AcceptanceRule):
                 "build the VerificationInput with both (the speculative loop passes them because the rule sets "
                 "`requires_target_hidden_states`)",
             )
-        if self.config.criterion == "js" and inputs.draft_probs is None:
-            raise invalid_value(
-                "draft_probs",
-                None,
-                "the draft distribution q, shape (batch, γ, vocab), for acceptance='dropmatch' with criterion='js'",
-                "pass draft_probs, or use acceptance_kwargs={'criterion': 'naive'}",
-            )
+        if self.config.criterion == "js":
+            inputs.checked_draft_probs("acceptance='dropmatch' with criterion='js' compares it with the heads'",
+                                       "pass draft_probs, or use acceptance_kwargs={'criterion': 'naive'}")
 
     def head_logits(self, inputs: VerificationInput, keep: torch.BoolTensor) -> torch.FloatTensor:
         """The K heads at the γ draft positions for masks `keep` of shape `(K, batch, γ, hidden)`:

@@ -42,12 +42,15 @@ def _resolve_component(
     fields: tuple[str, str],
     generation_config: GenerationConfig | None,
     model_generation_config: GenerationConfig | None,
+    model_orphans_are_errors: bool = False,
 ) -> tuple[Any, Any, str | None]:
     """Finds `(name, options, source)` for one component. The name: the first set of the call's, the passed
     `generation_config`'s, the model's. The options, as transformers merges a call into a passed config and that
     into the model's, field by field: the first set, in the same order, of those given for that name, i.e. with no
     name beside them or the same one. So a rule's options never reach another rule, and options given without a
-    name anywhere (in the call or a passed config) are an error rather than dropped."""
+    name anywhere (in the call or a passed config) are an error rather than dropped; the model's own too with
+    `model_orphans_are_errors` (the draft length, read only when a rule decodes; a model's orphan rule options leave
+    stock decoding stock)."""
     name_field, kwargs_field = fields
     sources = [("call", call_name, call_kwargs)] + [
         (source, getattr(config, name_field, None), getattr(config, kwargs_field, None))
@@ -55,11 +58,13 @@ def _resolve_component(
     ]
     named = next(((source, name) for source, name, _ in sources if name is not None), None)
     if named is None:
-        orphan = next(((source, options) for source, _, options in sources[:2] if options is not None), None)
-        if orphan is not None:  # (the model's alone: stock decoding, as before)
+        checked = sources if model_orphans_are_errors else sources[:2]
+        orphan = next(((source, options) for source, _, options in checked if options is not None), None)
+        if orphan is not None:
             source, options = orphan
             raise invalid_value(
-                kwargs_field if source == "call" else f"generation_config.{kwargs_field}",
+                {"call": kwargs_field, "generation_config": f"generation_config.{kwargs_field}",
+                 "model": f"model.generation_config.{kwargs_field}"}[source],
                 options,
                 f"only together with `{name_field}`",
                 f"also set {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
@@ -262,7 +267,8 @@ def _build_draft_length_policy(
             _POLICIES_IN_USE.add(id(call_name))
         return call_name
     name, options, _ = _resolve_component(
-        call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config
+        call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config,
+        model_orphans_are_errors=True,
     )
     schedule = _first_set(
         kwargs.get("num_assistant_tokens_schedule"), getattr(generation_config, "num_assistant_tokens_schedule", None)

@@ -163,6 +163,17 @@ def test_a_length_field_that_the_config_lacks_is_refused_at_registration():
     assert "misnamed_length_test" not in hf_semspec.available_draft_length_policies()
 
 
+def test_orphan_policy_options_in_the_models_config_are_an_error_when_a_rule_decodes(attached, close_draft,
+                                                                                      monkeypatch):
+    # They were dropped: the call ran with constant's default length, nothing said so.
+    monkeypatch.setattr(attached.generation_config, "draft_length_kwargs", {"num_tokens": 2}, raising=False)
+    with pytest.raises(SemSpecConfigError, match=r"`model.generation_config.draft_length_kwargs` = \{'num_tokens': 2\}"
+                                                 r" is not valid: allowed only together with `draft_length`"):
+        generate(attached, close_draft)
+    monkeypatch.setattr(attached.generation_config, "draft_length", "constant", raising=False)
+    assert generate(attached, close_draft).acceptance_stats.drafted_per_position[2:] == []  # 2 a round: its options
+
+
 def test_conflicting_lengths_are_rejected(attached, close_draft):
     with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 4.*num_assistant_tokens=6"):
         generate(attached, close_draft, num_assistant_tokens=6, draft_length="constant", draft_length_kwargs={"num_tokens": 4})

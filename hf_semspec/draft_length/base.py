@@ -127,7 +127,8 @@ class DraftLengthPolicy(ABC):
         paper (`str`): link to the method's paper, if any.
         length_field (`str` or `None`): the config field that `num_assistant_tokens` sets when the user gives it
             (the fixed length, the initial length or the cap, depending on the policy); a `None` value of that
-            field is filled with `num_assistant_tokens` or the acceptance rule's default draft length.
+            field is filled with `num_assistant_tokens`, else the draft's `generation_config.num_assistant_tokens`,
+            else the acceptance rule's default draft length.
         decides_per_token (`bool`): `keep_drafting` is called after each drafted token.
         reads_draft_probs (`bool`): `keep_drafting` receives the draft distribution q (else `None`).
         keeps_state_across_calls (`bool`): what it learns outlives one call, so an instance built from its name is

@@ -68,7 +68,7 @@ class BestConstantConfig(InitialLengthMixin, DraftLengthConfig):
         default=None,
         metadata={
             "help": "draft length of the first round, before any verification; None = num_assistant_tokens, else "
-            "the acceptance rule's default",
+            "the draft's generation_config.num_assistant_tokens, else the acceptance rule's default",
             "range": Range(1, 128),
         },
     )

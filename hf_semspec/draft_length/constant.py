@@ -19,8 +19,9 @@ class ConstantConfig(DraftLengthConfig):
     num_tokens: int | None = field(
         default=None,
         metadata={
-            "help": "tokens drafted per round; None = num_assistant_tokens, else the acceptance rule's default (5 "
-                    "for a policy built outside generate())",
+            "help": "tokens drafted per round; None = num_assistant_tokens, else the draft's "
+                    "generation_config.num_assistant_tokens, else the acceptance rule's default (5 for a policy built "
+                    "outside generate())",
             "range": Range(1, 128),
         },
     )

@@ -20,7 +20,8 @@ last one stopped; "heuristic_transient" starts every call from the initial value
 keys γ on the draft model alone), as the policies that learn are; an instance passed as
 `draft_length=HeuristicPolicy(...)` keeps γ across the calls it is passed to. The first length also differs when the
 user sets none: transformers starts from 20 (its global default for `num_assistant_tokens`), here an unset
-`initial_tokens` is the acceptance rule's default draft length (5 when the policy is built outside `generate()`).
+`initial_tokens` is, as in transformers, the draft's `generation_config.num_assistant_tokens` where that is set, else
+the acceptance rule's default draft length (5 when the policy is built outside `generate()`).
 transformers' separate `assistant_confidence_threshold` stopping criterion is not part of this policy.
 
 Worked example: `initial_tokens=5`. Rounds (drafted, accepted) = (5, 5), (7, 3), (6, 6), (8, 0) give budgets
@@ -42,7 +43,8 @@ class HeuristicConfig(InitialLengthMixin, DraftLengthConfig):
         default=None,
         metadata={
             "help": "draft length of the first round (transformers' num_assistant_tokens); None = "
-            "num_assistant_tokens, else the acceptance rule's default",
+            "num_assistant_tokens, else the draft's generation_config.num_assistant_tokens, else the acceptance rule's "
+            "default",
             "range": Range(1, 128),
         },
     )

@@ -218,8 +218,8 @@ class TapOutConfig(DraftLengthConfig):
         default=None,
         metadata={
             "help": "length for arms whose own length option is unset (heuristic's initial, constant's; an initial "
-            "length no higher than the arm's max_tokens); None = num_assistant_tokens, else the acceptance rule's "
-            "default",
+            "length no higher than the arm's max_tokens); None = num_assistant_tokens, else the draft's "
+            "generation_config.num_assistant_tokens, else the acceptance rule's default",
             "range": Range(1, 128),
         },
     )

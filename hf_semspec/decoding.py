@@ -94,7 +94,8 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
             "cache_implementation",
             generation_config.cache_implementation,
             "None or 'dynamic' (a DynamicCache, which can be rolled back after rejections)",
-            "remove cache_implementation",
+            "remove cache_implementation, or pass cache_implementation='dynamic' with the call where a generation "
+            "config sets it",
         )
     if input_ids.shape[0] != 1:
         raise invalid_value(

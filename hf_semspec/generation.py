@@ -9,7 +9,6 @@ import json
 import logging
 import os
 import threading
-import types
 import weakref
 from typing import Any
 
@@ -371,6 +370,11 @@ def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
         )
 
 
+# `generate(acceptance=...)`'s default: an explicit `acceptance=None` turns the model's default rule off for the call,
+# as an explicit None in a transformers call overrides the model's generation config.
+_NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "<not given>"})()
+
+
 def generate(
     model: torch.nn.Module,
     inputs: torch.Tensor | None = None,
@@ -384,7 +388,7 @@ def generate(
     negative_prompt_ids: torch.Tensor | None = None,
     negative_prompt_attention_mask: torch.Tensor | None = None,
     custom_generate=None,
-    acceptance: str | None = None,
+    acceptance: str | None = _NOT_GIVEN,
     acceptance_kwargs: dict | None = None,
     draft_length: str | DraftLengthPolicy | None = None,
     draft_length_kwargs: dict | None = None,
@@ -401,7 +405,9 @@ def generate(
         model (`PreTrainedModel`): the target model.
         assistant_model (`PreTrainedModel`): the draft model; same tokenizer and vocabulary size as `model`.
         acceptance (`str`, *optional*): the verification rule, one of `hf_semspec.available_rules()`, e.g.
-            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`, `"rdk"` (pruned-vocabulary drafters).
+            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`, `"rdk"` (pruned-vocabulary drafters). An
+            explicit `None` turns a default rule (of a passed or the model's generation config) off for this call:
+            stock `generate()`, as an explicit `None` overrides a generation config in transformers.
         acceptance_kwargs (`dict`, *optional*): options of the rule (its config dataclass), validated before
             decoding starts.
         draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
@@ -437,9 +443,15 @@ def generate(
     stock_generate = type(model).generate  # the class's method, bypassing the instance override made by attach()
 
     # 1. Which rule, from where.
-    rule_name, rule_kwargs, source = _resolve_component(
+    rule_off = acceptance is None  # given as None: no rule for this call, whatever the configs say
+    if acceptance is _NOT_GIVEN or rule_off:
+        acceptance = None
+    rule_name, rule_kwargs, source = (None, None, None) if rule_off else _resolve_component(
         acceptance, acceptance_kwargs, ACCEPTANCE_FIELDS, generation_config, model.generation_config
     )
+    if rule_off and acceptance_kwargs is not None:
+        raise invalid_value("acceptance_kwargs", acceptance_kwargs, "None with acceptance=None (no rule decodes)",
+                            "drop acceptance_kwargs, or name the rule they are for with acceptance=...")
     if rule_name is None:
         for field, value in (
             ("draft_length", draft_length),
@@ -463,6 +475,24 @@ def generate(
             "kept-token logits back to the target's vocabulary)",
             'pass acceptance="exact" (or "rdk" for a drafter with an RDK kernel)',
         )
+    if rule_name is not None and assistant_model is None and source == "model":
+        # The model's default rule is off without a draft: options given for this call would silently do nothing.
+        for field, value in (
+            ("acceptance_kwargs", acceptance_kwargs),
+            ("draft_length", draft_length),
+            ("draft_length_kwargs", draft_length_kwargs),
+            ("generation_config.acceptance_kwargs", getattr(generation_config, "acceptance_kwargs", None)),
+            ("generation_config.draft_length", getattr(generation_config, "draft_length", None)),
+            ("generation_config.draft_length_kwargs", getattr(generation_config, "draft_length_kwargs", None)),
+        ):
+            if value is not None:
+                raise invalid_value(
+                    field,
+                    value,
+                    f"None without assistant_model (the model's default acceptance={rule_name!r} decodes only with "
+                    "a draft; without one this is plain decoding)",
+                    f"pass assistant_model=<draft model>, or drop {field}",
+                )
     if rule_name is None or (assistant_model is None and source == "model"):
         return stock_generate(
             model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
@@ -608,7 +638,7 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
         raise invalid_value(
             "acceptance_kwargs", acceptance_kwargs, "only together with `acceptance`", "also pass acceptance=..."
         )
-    model.generate = types.MethodType(generate, model)
+    model.generate = _bound_generate(model)
     restored = restore_saved_generation_fields(model)
     if restored:
         logger.info("Restored %s from the saved generation config of %s", restored, model.name_or_path)
@@ -621,8 +651,22 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
     return model
 
 
+def _bound_generate(model: torch.nn.Module) -> functools.partial:
+    """`generate` bound to `model`, as `attach` installs it. A partial, not a bound method: pickle (torch.save,
+    multiprocessing) stores a bound method as a lookup of `model.generate`, which on load runs before the instance's
+    attributes are back and finds the class's stock `generate`; a partial pickles as the function and the model."""
+    bound = functools.partial(generate, model)
+    functools.update_wrapper(bound, generate, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    return bound
+
+
+def _is_attached(model: torch.nn.Module) -> bool:
+    installed = vars(model).get("generate")
+    return isinstance(installed, functools.partial) and installed.func is generate and installed.args[:1] == (model,)
+
+
 def detach(model: torch.nn.Module):
     """Removes what `attach` installed; the model's `generate` is stock transformers again."""
-    if isinstance(vars(model).get("generate"), types.MethodType) and vars(model)["generate"].__func__ is generate:
+    if _is_attached(model):
         del model.generate
     return model

@@ -121,6 +121,43 @@ def test_model_default_acceptance_without_draft_is_plain_decoding(target):
     assert out.acceptance_stats is not None  # with a draft, the model's default rule applies
 
 
+def test_options_for_a_model_default_rule_without_a_draft_are_an_error(target):
+    # Without a draft the model's default rule is off: these options (a typo too) did nothing, silently.
+    model = hf_semspec.attach(tiny_llama(seed=0), acceptance="fly")
+    for options in ({"draft_length": "tapot"}, {"acceptance_kwargs": {"windw": 3}}, {"draft_length_kwargs": {"x": 1}},
+                    {"generation_config": GenerationConfig(max_new_tokens=4, draft_length="tapout")}):
+        field = next(iter(options)) if "generation_config" not in options else "generation_config.draft_length"
+        with pytest.raises(SemSpecConfigError, match=rf"`{field}` = .* is not valid: allowed None without "
+                                                     r"assistant_model \(the model's default acceptance='fly'"):
+            model.generate(prompt(8), max_new_tokens=4, **options)
+
+
+def test_acceptance_none_in_the_call_turns_the_models_default_off(target, close_draft):
+    # As an explicit None overrides a generation config in transformers: stock assisted generation for this call.
+    model = hf_semspec.attach(tiny_llama(seed=0), acceptance="fly")
+    out = model.generate(prompt(8), assistant_model=close_draft, acceptance=None, max_new_tokens=12,
+                         return_dict_in_generate=True)
+    assert not hasattr(out, "acceptance_stats")
+    assert torch.equal(out.sequences, plain_greedy(target, prompt(8), max_new_tokens=12))
+    with pytest.raises(SemSpecConfigError, match=r"`acceptance_kwargs` = \{'window': 2\} is not valid: allowed None "
+                                                 r"with acceptance=None"):
+        model.generate(prompt(8), assistant_model=close_draft, acceptance=None, acceptance_kwargs={"window": 2})
+
+
+def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
+    # A bound method pickled as a lookup of `generate`, which on load found the class's: the copy lost attach() and
+    # failed with transformers' "model_kwargs are not used" error.
+    import copy
+    import pickle
+
+    for restored in (pickle.loads(pickle.dumps(attached)), copy.deepcopy(attached)):
+        assert restored.generate.args[0] is restored
+        out = restored.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=12)
+        assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
+        hf_semspec.detach(restored)
+        assert "generate" not in vars(restored)
+
+
 def test_without_acceptance_generate_is_stock(attached, close_draft):
     ids = prompt(8)
     assert torch.equal(attached.generate(ids, max_new_tokens=15), plain_greedy(attached, ids, max_new_tokens=15))

@@ -656,7 +656,8 @@ def _bound_generate(model: torch.nn.Module) -> functools.partial:
     multiprocessing) stores a bound method as a lookup of `model.generate`, which on load runs before the instance's
     attributes are back and finds the class's stock `generate`; a partial pickles as the function and the model."""
     bound = functools.partial(generate, model)
-    functools.update_wrapper(bound, generate, assigned=("__module__", "__name__", "__qualname__", "__doc__"), updated=())
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):  # not __wrapped__: the signature omits `model`
+        setattr(bound, name, getattr(generate, name))
     return bound
 
 

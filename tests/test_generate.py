@@ -148,10 +148,12 @@ def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
     # A bound method pickled as a lookup of `generate`, which on load found the class's: the copy lost attach() and
     # failed with transformers' "model_kwargs are not used" error.
     import copy
+    import inspect
     import pickle
 
     for restored in (pickle.loads(pickle.dumps(attached)), copy.deepcopy(attached)):
         assert restored.generate.args[0] is restored
+        assert list(inspect.signature(restored.generate).parameters)[:2] == ["inputs", "generation_config"]  # bound
         out = restored.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=12)
         assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
         hf_semspec.detach(restored)

@@ -502,7 +502,9 @@ def generate(
             "assistant_model",
             None,
             f"a draft model when acceptance={rule_name!r} is set",
-            "pass assistant_model=<draft model>, or drop `acceptance` for plain decoding",
+            "pass assistant_model=<draft model>, or drop `acceptance` for plain decoding (if this model is the draft of "
+            "stock assisted generation, which passes it the target's generation config and rule: detach it with "
+            "hf_semspec.detach)",
         )
     if custom_generate is not None:
         raise invalid_value(
@@ -663,7 +665,8 @@ def _bound_generate(model: torch.nn.Module) -> functools.partial:
 
 def _is_attached(model: torch.nn.Module) -> bool:
     installed = vars(model).get("generate")
-    return isinstance(installed, functools.partial) and installed.func is generate and installed.args[:1] == (model,)
+    # (not bound to this model in a shallow copy, which shares the original's: detach removes it there too)
+    return isinstance(installed, functools.partial) and installed.func is generate
 
 
 def detach(model: torch.nn.Module):

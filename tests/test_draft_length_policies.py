@@ -5,6 +5,8 @@ convergence and delegation, config errors, and end to end on the tiny models."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import math
 import random
@@ -1008,6 +1010,10 @@ def test_tapout_arms_of_one_value_spelled_1_and_1_0_are_one_kept_policy():
     assert as_int.arms[0] == {"name": "cost_aware", "prior_strength": 1.0}
     TapOutConfig(arms=user_arms)
     assert type(user_arms[0]["prior_strength"]) is int  # the caller's list is left as it was
+    # A length given as None stays None, for generate() to fill (it read back as the fallback 5, locked in).
+    unset = TapOutConfig(arms=[{"name": "constant", "num_tokens": None}])
+    assert unset.arms == [{"name": "constant", "num_tokens": None}]
+    assert TapOutPolicy(dataclasses.replace(unset, num_tokens=7)).arms[0].max_tokens() == 7
 
 
 def test_tapout_survives_rounds_timed_at_zero_seconds():

@@ -675,6 +675,12 @@ def test_a_drafter_of_a_custom_code_model_is_not_saved(tmp_path, tokenizer):
                                                  r"modeling_custom'\] is not valid: .*Fix: use this drafter in memory"):
         drafter.save_pretrained(tmp_path)
     assert not any(tmp_path.iterdir())
+    # A tokenizer loaded with trust_remote_code too: from_pretrained would load it without (it saved, then failed).
+    custom_tokenizer = type("CustomTokenizer", (type(tokenizer),), {"__module__": module.__name__})
+    plain = prune_vocabulary(tiny_llama(0), tokenizer, keep_ids=[5, 9])
+    with pytest.raises(SemSpecConfigError, match=r"`the base model's classes` = \['transformers_modules"):
+        plain.save_pretrained(tmp_path, tokenizer=custom_tokenizer.__new__(custom_tokenizer))  # checked before use
+    assert not any(tmp_path.iterdir())
 
 
 def test_a_native_model_with_an_auto_map_saves_and_loads(tmp_path, tokenizer):

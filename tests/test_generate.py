@@ -158,6 +158,9 @@ def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
         assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
         hf_semspec.detach(restored)
         assert "generate" not in vars(restored)
+    shallow = copy.copy(attached)  # shares the original's installed generate: detach removes it from the copy too
+    hf_semspec.detach(shallow)
+    assert "generate" not in vars(shallow) and "generate" in vars(attached)
 
 
 def test_without_acceptance_generate_is_stock(attached, close_draft):

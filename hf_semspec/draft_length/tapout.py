@@ -264,7 +264,9 @@ class TapOutConfig(DraftLengthConfig):
                     f"each arm once ({built[key]!r} and {arm!r} build the same policy with the same options)",
                     "remove the repeated arm")
             built[key] = arm
-            normalized.append({"name": name, **{k: getattr(config, k) for k in arm_options(arm)}}
+            # (a None the user gave stays None: the config holds the fallback length there until num_tokens is set)
+            normalized.append({"name": name, **{k: v if v is None else getattr(config, k)
+                                                for k, v in arm_options(arm).items()}}
                               if isinstance(arm, dict) else arm)
         if self.arms is not None:  # a new list: the caller's is never changed
             self.arms = normalized

@@ -235,14 +235,16 @@ class PrunedVocabDrafter(torch.nn.Module):
 
         `tokenizer` defaults to the drafter's own (`self.tokenizer`, set by `prune_vocabulary`/`from_pretrained`).
         """
-        remote = [type(obj).__module__ for obj in (self.config, self.model)
+        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
+        remote = [type(obj).__module__ for obj in (self.config, self.model, tokenizer)
                   if type(obj).__module__.startswith(TRANSFORMERS_DYNAMIC_MODULE_NAME)]
         if remote:
             # from_pretrained would need the base model's own code, which is not saved with the drafter.
             raise invalid_value(
                 "the base model's classes",
                 remote,
-                "classes transformers ships (a drafter of a model loaded with trust_remote_code cannot be loaded again)",
+                "classes transformers ships (a drafter of a model or tokenizer loaded with trust_remote_code cannot be "
+                "loaded again)",
                 "use this drafter in memory, or prune a model whose architecture transformers ships (many custom-code "
                 "models also have a native port: load it without trust_remote_code)",
             )
@@ -274,7 +276,6 @@ class PrunedVocabDrafter(torch.nn.Module):
         )
         with open(folder / PRUNING_CONFIG_NAME, "w", encoding="utf-8") as f:
             json.dump(info, f, indent=2, sort_keys=True)
-        tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         if tokenizer is not None:
             tokenizer.save_pretrained(folder)
         return sorted(p.name for p in folder.iterdir())

@@ -74,6 +74,15 @@ def _resolve_component(
     return name, options, source
 
 
+def _first_given(call_options: dict[str, Any], generation_config: GenerationConfig | None) -> tuple[str, Any] | None:
+    """`(field, value)` of the first option set: the call's (`call_options`, name → value), then the same fields of a
+    passed `generation_config`; None when none is."""
+    candidates = list(call_options.items()) + [
+        (f"generation_config.{name}", getattr(generation_config, name, None)) for name in call_options
+    ]
+    return next(((field, value) for field, value in candidates if value is not None), None)
+
+
 def _first_set(*values: Any) -> Any:
     return next((v for v in values if v is not None), None)
 
@@ -453,20 +462,16 @@ def generate(
         raise invalid_value("acceptance_kwargs", acceptance_kwargs, "None with acceptance=None (no rule decodes)",
                             "drop acceptance_kwargs, or name the rule they are for with acceptance=...")
     if rule_name is None:
-        for field, value in (
-            ("draft_length", draft_length),
-            ("draft_length_kwargs", draft_length_kwargs),
-            ("generation_config.draft_length", getattr(generation_config, "draft_length", None)),
-            ("generation_config.draft_length_kwargs", getattr(generation_config, "draft_length_kwargs", None)),
-        ):
-            if value is not None:
-                raise invalid_value(
-                    field,
-                    value,
-                    "only together with an acceptance rule (stock assisted generation has its own "
-                    "num_assistant_tokens)",
-                    f'also set acceptance="exact" (or another rule), or drop {field}',
-                )
+        given = _first_given({"draft_length": draft_length, "draft_length_kwargs": draft_length_kwargs},
+                             generation_config)
+        if given is not None:
+            field, value = given
+            raise invalid_value(
+                field,
+                value,
+                "only together with an acceptance rule (stock assisted generation has its own num_assistant_tokens)",
+                f'also set acceptance="exact" (or another rule), or drop {field}',
+            )
     if rule_name is None and getattr(assistant_model, "kept_token_ids", None) is not None:
         raise invalid_value(
             "acceptance",
@@ -477,22 +482,17 @@ def generate(
         )
     if rule_name is not None and assistant_model is None and source == "model":
         # The model's default rule is off without a draft: options given for this call would silently do nothing.
-        for field, value in (
-            ("acceptance_kwargs", acceptance_kwargs),
-            ("draft_length", draft_length),
-            ("draft_length_kwargs", draft_length_kwargs),
-            ("generation_config.acceptance_kwargs", getattr(generation_config, "acceptance_kwargs", None)),
-            ("generation_config.draft_length", getattr(generation_config, "draft_length", None)),
-            ("generation_config.draft_length_kwargs", getattr(generation_config, "draft_length_kwargs", None)),
-        ):
-            if value is not None:
-                raise invalid_value(
-                    field,
-                    value,
-                    f"None without assistant_model (the model's default acceptance={rule_name!r} decodes only with "
-                    "a draft; without one this is plain decoding)",
-                    f"pass assistant_model=<draft model>, or drop {field}",
-                )
+        given = _first_given({"acceptance_kwargs": acceptance_kwargs, "draft_length": draft_length,
+                              "draft_length_kwargs": draft_length_kwargs}, generation_config)
+        if given is not None:
+            field, value = given
+            raise invalid_value(
+                field,
+                value,
+                f"None without assistant_model (the model's default acceptance={rule_name!r} decodes only with a "
+                "draft; without one this is plain decoding)",
+                f"pass assistant_model=<draft model>, or drop {field}",
+            )
     if rule_name is None or (assistant_model is None and source == "model"):
         return stock_generate(
             model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs

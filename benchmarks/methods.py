@@ -198,8 +198,8 @@ def check_method_options(
     for name in names:
         RULES.build(name, dict(acceptance_kwargs.get(name, {})))
         for spec in draft_lengths or []:
-            build_policy(spec.policy, entry_tokens(spec, num_assistant_tokens), RULES.get(name).default_num_draft_tokens,
-                         dict(spec.options))
+            build_policy(spec.policy, entry_tokens(spec, num_assistant_tokens),
+                         RULES.get(name).default_num_draft_tokens, dict(spec.options))
     return names
 
 

@@ -40,7 +40,6 @@ def forget_gguf_quantization(model) -> None:
         delattr(model.config, "quantization_config")
 
 
-
 def stop_past_recording(cache: DynamicCache) -> None:
     """Turns off the past recording that `activate_past_recording` turned on for the rollbacks, before the cache goes
     back to the user: a sliding-window or linear-attention layer that records keeps every past state instead of its

@@ -502,8 +502,8 @@ def generate(
             "assistant_model",
             None,
             f"a draft model when acceptance={rule_name!r} is set",
-            "pass assistant_model=<draft model>, or drop `acceptance` for plain decoding (if this model is the draft of "
-            "stock assisted generation, which passes it the target's generation config and rule: detach it with "
+            "pass assistant_model=<draft model>, or drop `acceptance` for plain decoding (if this model is the draft "
+            "of stock assisted generation, which passes it the target's generation config and rule: detach it with "
             "hf_semspec.detach)",
         )
     if custom_generate is not None:

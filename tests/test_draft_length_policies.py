@@ -1005,7 +1005,8 @@ def test_tapout_arms_of_one_value_spelled_1_and_1_0_are_one_kept_policy():
     from hf_semspec.generation import _options_key
 
     user_arms = [{"name": "cost_aware", "prior_strength": 1}, "constant:2"]
-    as_int, as_float = (TapOutConfig(arms=[{"name": "cost_aware", "prior_strength": v}, "constant:2"]) for v in (1, 1.0))
+    as_int, as_float = (TapOutConfig(arms=[{"name": "cost_aware", "prior_strength": v}, "constant:2"])
+                        for v in (1, 1.0))
     assert _options_key(as_int) == _options_key(as_float)
     assert as_int.arms[0] == {"name": "cost_aware", "prior_strength": 1.0}
     TapOutConfig(arms=user_arms)

@@ -6,7 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama, tiny_tokenizer
-from transformers import DynamicCache, GenerationConfig, Qwen2Config, Qwen2ForCausalLM, StoppingCriteria, StoppingCriteriaList
+from transformers import (
+    DynamicCache,
+    GenerationConfig,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    StoppingCriteria,
+    StoppingCriteriaList,
+)
 from transformers.generation import MaxLengthCriteria, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 

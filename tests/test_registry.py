@@ -92,7 +92,8 @@ def test_config_defaults_and_json_roundtrip():
 def test_an_int_given_for_a_float_is_stored_as_a_float():
     # 1 and 1.0 compared equal but made different keys (a tapout arm given twice, a kept policy not found again).
     config = _ToyConfig.from_kwargs({"threshold": 1})
-    assert type(config.threshold) is float and repr(config.all_options()) == repr(_ToyConfig(threshold=1.0).all_options())
+    assert type(config.threshold) is float
+    assert repr(config.all_options()) == repr(_ToyConfig(threshold=1.0).all_options())
     assert type(_ToyConfig(seed=3).seed) is int  # int fields stay ints
 
 

@@ -70,7 +70,8 @@ def load_corpus_texts(path: str | os.PathLike) -> list[str]:
         raise invalid_value(
             "corpus", str(path), "an existing JSONL/.txt file, or a list of texts", "check the path, or pass the texts"
         )
-    # universal newlines: "\r\n" and "\r" arrive as "\n"; "utf-8-sig" drops a byte-order mark (Windows editors write one)
+    # Universal newlines: "\r\n" and "\r" arrive as "\n"; "utf-8-sig" drops a byte-order mark (Windows editors
+    # write one).
     with open(path, encoding="utf-8-sig") as f:
         # Not splitlines(): it also splits at U+2028, U+2029 and U+0085, which JSON strings may hold unescaped
         # (json.dumps(..., ensure_ascii=False) writes them so), cutting a record in two.

@@ -49,7 +49,8 @@ Where the paper text, the issue and the authors' code differ, this module follow
 
 Draft length. The paper drafts long blocks (k = 15, `spd_k` in `fly_config/FLy_Llama3_70b.json`), and with the
 default W = 6 only positions i ≤ γ − 7 can be flipped: at this package's usual γ = 5 the window could never fire and
-greedy `fly` would equal `exact` (sampled, its two-draw test still differs). `default_num_draft_tokens` is therefore 15 (nine flippable positions per round).
+greedy `fly` would equal `exact` (sampled, its two-draw test still differs). `default_num_draft_tokens` is
+therefore 15 (nine flippable positions per round).
 
 Worked example (greedy, γ = 5, W = 3, θ = 0.3, vocabulary of 5, target argmax 0 at every position). Positions are
 either "flat", p = [0.4, 0.3, 0.2, 0.05, 0.05] with H = −(0.4 ln 0.4 + 0.3 ln 0.3 + 0.2 ln 0.2) = 1.0496, or

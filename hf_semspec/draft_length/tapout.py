@@ -101,13 +101,14 @@ commits sooner when the arms' rewards differ by little.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import math
 import random
 from dataclasses import dataclass, field
 
 import torch
 
-from ..component_config import Range
+from ..component_config import Range, default_of
 from ..errors import SemSpecConfigError, invalid_value
 from ._round_cost import RoundCostFit
 from .base import (
@@ -264,9 +265,11 @@ class TapOutConfig(DraftLengthConfig):
                     f"each arm once ({built[key]!r} and {arm!r} build the same policy with the same options)",
                     "remove the repeated arm")
             built[key] = arm
-            # (a None the user gave stays None: the config holds the fallback length there until num_tokens is set)
-            normalized.append({"name": name, **{k: v if v is None else getattr(config, k)
-                                                for k, v in arm_options(arm).items()}}
+            # A None the user gave is left out where it is the field's default, so the arm reads as without it (the
+            # config holds the fallback length there until num_tokens is set).
+            defaults = {f.name: default_of(f) for f in dataclasses.fields(config)}
+            normalized.append({"name": name, **{k: getattr(config, k) for k, v in arm_options(arm).items()
+                                                if not (v is None and defaults.get(k) is None)}}
                               if isinstance(arm, dict) else arm)
         if self.arms is not None:  # a new list: the caller's is never changed
             self.arms = normalized

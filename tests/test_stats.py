@@ -41,3 +41,10 @@ def test_counters_grow_with_varying_draft_length():
     assert stats.accepted_per_position == [2, 1, 1, 1]
     assert stats.num_drafted == 6 and stats.num_accepted == 5
     assert stats.per_position_acceptance == pytest.approx([1.0, 0.5, 1.0, 1.0])
+
+
+def test_stats_of_several_calls_sum():
+    # sum() starts from 0: without __radd__ it needed start=AcceptanceStats().
+    a = AcceptanceStats(4, 20, 8, 12, [4, 4, 4, 4, 4], [3, 2, 1, 1, 1])
+    b = AcceptanceStats(2, 10, 10, 12, [2, 2, 2, 2, 2], [2, 2, 2, 2, 2])
+    assert sum([a, b]) == a + b and sum([a]) == a

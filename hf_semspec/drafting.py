@@ -130,7 +130,8 @@ class ModelDrafter:
 
         A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; such
         a round also ends after an EOS (`stop_token_ids`), read after the policy's decision, when that sync has
-        already waited for the token. Without one, drafting runs without host syncs.
+        already waited for the token. Without one, drafting makes no host sync of its own (with a padded prompt,
+        transformers' mask preparation reads the 2D mask once per forward, as it does in plain decoding).
         """
         length = input_ids.shape[1]
         sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], max_tokens)], dim=1)
@@ -162,8 +163,9 @@ class ModelDrafter:
     def rollback(self, num_valid_tokens: int) -> None:
         """Forgets cached positions past the first `num_valid_tokens` tokens (the rejected drafts)."""
         excess = self.cache.get_seq_length() - num_valid_tokens
-        if excess > 0:
-            self.cache.crop(-excess)
+        # Also when nothing is rejected: with past recording on, crop(0) is what cuts a sliding-window layer back to
+        # its window (a fully accepted round would keep every state; full-attention layers are left as they are).
+        self.cache.crop(-max(excess, 0))
 
 
 def redistribute(
@@ -172,7 +174,8 @@ def redistribute(
     """RDK's redistribution r = q·M with a sparse row-stochastic kernel (Timor et al. 2025, arXiv 2506.03206).
 
     Args:
-        q (`torch.FloatTensor` of shape `(batch, vocab)`): the draft distribution, zero outside the kept ids.
+        q (`torch.FloatTensor` of shape `(batch, vocab)`): the draft distribution; mass a logits processor put on a
+            pruned id (a forced BOS or EOS) stays where it is.
         kept_token_ids (`torch.LongTensor` of shape `(K,)`): the kept ids, the kernel's rows.
         indices (`torch.LongTensor` of shape `(K, m + 1)`), weights (`torch.FloatTensor` of shape `(K, m + 1)`): row k
             sends the mass of `kept_token_ids[k]` to `indices[k]` in proportions `weights[k]` (each row sums to 1).
@@ -182,5 +185,8 @@ def redistribute(
     """
     mass = q[:, kept_token_ids]  # (batch, K)
     contributions = (mass[:, :, None] * weights[None]).reshape(q.shape[0], -1)
-    return torch.zeros_like(q).scatter_add_(1, indices.reshape(1, -1).expand(q.shape[0], -1), contributions)
+    # The kept ids' mass moves through the kernel; the rest of q (a processor can force a pruned id) stays, so r sums
+    # to 1 (it summed to 0 when a forced BOS put all of q on a pruned id).
+    outside_kept = q.index_fill(1, kept_token_ids, 0.0)
+    return outside_kept.scatter_add_(1, indices.reshape(1, -1).expand(q.shape[0], -1), contributions)
 

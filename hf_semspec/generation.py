@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import functools
+import inspect
 import json
 import logging
 import os
@@ -194,7 +195,10 @@ _SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heurist
 # next call too ("heuristic_transient" starts afresh), so its policy is kept the same way (transformers keeps it on
 # the draft model alone, whatever the target). A call that finds its policy in use by another call (another thread)
 # gets a fresh one, not kept.
+# At most _KEPT_PER_MODEL_PAIR per pair of models, the least recently used dropped first: a server that varies the
+# options per request (a seed, a threshold) would otherwise keep one policy per value for the models' lifetime.
 _KEPT_POLICIES: "weakref.WeakKeyDictionary[torch.nn.Module, weakref.WeakKeyDictionary]" = weakref.WeakKeyDictionary()
+_KEPT_PER_MODEL_PAIR = 16
 _POLICIES_IN_USE: set[int] = set()  # id() of the policies (kept, or instances passed) that a call is decoding with
 _KEPT_POLICIES_LOCK = threading.Lock()
 
@@ -208,12 +212,17 @@ def _kept_policy(model: torch.nn.Module, assistant_model: torch.nn.Module, key: 
     until `_release`; a fresh, unkept `build()` while another call uses it."""
     with _KEPT_POLICIES_LOCK:
         of_target = _KEPT_POLICIES.setdefault(assistant_model, weakref.WeakKeyDictionary())
-        policies = of_target.setdefault(model, {})
-        policy = policies.get(key)
+        policies = of_target.setdefault(model, {})  # in order of last use
+        policy = policies.pop(key, None)
         if policy is None:
-            policy = policies[key] = build()
+            policy = build()
         elif id(policy) in _POLICIES_IN_USE:
+            policies[key] = policy
             return build()
+        policies[key] = policy
+        unused = [k for k, p in policies.items() if id(p) not in _POLICIES_IN_USE and k != key]
+        for old_key in unused[: max(0, len(policies) - _KEPT_PER_MODEL_PAIR)]:
+            del policies[old_key]
         _POLICIES_IN_USE.add(id(policy))
         return policy
 
@@ -274,6 +283,17 @@ def _build_draft_length_policy(
                 )
             _POLICIES_IN_USE.add(id(call_name))
         return call_name
+    configs = (("a passed GenerationConfig", generation_config), ("the model's generation_config",
+                                                                  model.generation_config))
+    for where, config in configs:
+        if isinstance(getattr(config, "draft_length", None), DraftLengthPolicy):
+            # A config is saved as JSON, and a policy instance is state, not a setting: it goes with the call.
+            raise invalid_value(
+                f"draft_length in {where}", f"a {type(config.draft_length).__name__} instance",
+                "a policy name in a GenerationConfig (an instance only as generate(draft_length=...))",
+                "pass the instance with the call, generate(..., draft_length=policy), or put its name and options in "
+                "the config (draft_length='<name>', draft_length_kwargs={...})",
+            )
     name, options, _ = _resolve_component(
         call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config,
         model_orphans_are_errors=True,
@@ -575,14 +595,14 @@ def generate(
     )
 
     # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
-    decoding_loop = functools.partial(
-        speculative_decode,
-        assistant_model=assistant_model,
-        rule=rule,
-        draft_length=policy,
-        streamer=streamer,
-    )
-    try:
+    try:  # from the first statement after the policy was marked in use: an interrupt anywhere later releases it
+        decoding_loop = functools.partial(
+            speculative_decode,
+            assistant_model=assistant_model,
+            rule=rule,
+            draft_length=policy,
+            streamer=streamer,
+        )
         return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
     finally:
         _release(policy)  # a kept policy is free for the next call (a no-op for any other)
@@ -652,7 +672,7 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
         raise invalid_value(
             "acceptance_kwargs", acceptance_kwargs, "only together with `acceptance`", "also pass acceptance=..."
         )
-    model.generate = _bound_generate(model)
+    model.generate = _AttachedGenerate(model)
     restored = restore_saved_generation_fields(model)
     if restored:
         logger.info("Restored %s from the saved generation config of %s", restored, model.name_or_path)
@@ -665,20 +685,46 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
     return model
 
 
-def _bound_generate(model: torch.nn.Module) -> functools.partial:
-    """`generate` bound to `model`, as `attach` installs it. A partial, not a bound method: pickle (torch.save,
-    multiprocessing) stores a bound method as a lookup of `model.generate`, which on load runs before the instance's
-    attributes are back and finds the class's stock `generate`; a partial pickles as the function and the model."""
-    bound = functools.partial(generate, model)
-    for name in ("__module__", "__name__", "__qualname__", "__doc__"):  # not __wrapped__: the signature omits `model`
-        setattr(bound, name, getattr(generate, name))
-    return bound
+class _AttachedGenerate:
+    """`generate` bound to one model, as `attach` installs it on the instance.
+
+    Not a bound method: pickle (torch.save, multiprocessing) stores a bound method as a lookup of `model.generate`,
+    which on load runs before the instance's attributes are back and finds the class's stock `generate`; this pickles
+    (and deep-copies) as "bind to the copied model" instead. Not a `functools.partial` holding the model either: the
+    model would hold it in its `__dict__`, a reference cycle, so `del model` would free nothing (GPU memory
+    included) until the garbage collector's next full pass. It holds the model by a weak reference.
+    """
+
+    __signature__ = inspect.Signature(list(inspect.signature(generate).parameters.values())[1:])  # without `model`
+
+    def __init__(self, model: torch.nn.Module):
+        self._model = weakref.ref(model)
+        self.__doc__ = generate.__doc__
+
+    @property
+    def model(self) -> torch.nn.Module:
+        model = self._model()
+        if model is None:
+            raise ReferenceError(
+                "this `generate` was attached to a model that has since been deleted. Fix: call `generate` on a "
+                "model you hold (`model.generate(...)`), not on a saved reference to an old model's method."
+            )
+        return model
+
+    def __call__(self, *args, **kwargs):
+        return generate(self.model, *args, **kwargs)
+
+    def __reduce__(self):
+        return (_AttachedGenerate, (self.model,))
+
+    def __repr__(self) -> str:
+        model = self._model()
+        return f"<hf_semspec generate of {type(model).__name__ if model is not None else 'a deleted model'}>"
 
 
 def _is_attached(model: torch.nn.Module) -> bool:
-    installed = vars(model).get("generate")
     # (not bound to this model in a shallow copy, which shares the original's: detach removes it there too)
-    return isinstance(installed, functools.partial) and installed.func is generate
+    return isinstance(vars(model).get("generate"), _AttachedGenerate)
 
 
 def detach(model: torch.nn.Module):

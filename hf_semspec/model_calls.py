@@ -7,6 +7,7 @@ cache has seen, so each call feeds only the new ones.
 from __future__ import annotations
 
 import inspect
+import threading
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -61,7 +62,9 @@ def capture_lm_head_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor]
     """Records the input of `model`'s LM head (the final hidden states, after the model's own final norm).
 
     A forward pre-hook on `model.get_output_embeddings()` sees exactly what the head multiplies, whatever the
-    architecture puts before it; the list holds the latest call's tensor of shape `(batch, positions, hidden)`.
+    architecture puts before it; the list holds the latest call's tensor of shape `(batch, positions, hidden)`. The
+    hook records only this thread's forwards: the head is shared, so another thread's `generate()` on the same model
+    would otherwise overwrite the tensor between this forward and its read.
     """
     head = model.get_output_embeddings()
     if head is None:
@@ -70,9 +73,11 @@ def capture_lm_head_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor]
             "input cannot be captured. Fix: use an acceptance rule that does not need target hidden states."
         )
     captured: list[torch.Tensor] = []
+    this_thread = threading.get_ident()
 
     def hook(_module: torch.nn.Module, args: tuple) -> None:
-        captured[:] = [args[0]]
+        if threading.get_ident() == this_thread:
+            captured[:] = [args[0]]
 
     handle = head.register_forward_pre_hook(hook)
     try:

@@ -1426,3 +1426,21 @@ def test_run_checks_rules_and_options_before_loading_models(tmp_path):
         run.main(common + ["--rules", "ears", "--acceptance-kwargs", '{"ears": {"bta": 1}}'], load_pair=never)
     with pytest.raises(SemSpecConfigError, match=r"svip"):
         run.main(common + ["--rules", "exact", "--draft-lengths", "svip(threshold=-1)"], load_pair=never)
+
+
+def test_cpu_costs_reports_each_forward_against_its_own_processes_decode_step():
+    # The README's "Running on a CPU" figures are read off this table: each ratio is to the same process's step.
+    import argparse
+
+    from benchmarks import cpu_costs
+
+    args = argparse.Namespace(threads=2, repeats=3, cached_tokens=160, prefill_tokens=200)
+    target = {"role": "target", "dtype": "float32", "mkl_cbwr": None, "prefill_seconds": [], "entropy_seconds": [],
+              "forward_seconds": {"1": [0.5, 0.4, 0.6], "6": [0.8, 0.9, 0.7], "16": [1.1, 1.0, 1.2]}}
+    draft = {"role": "draft", "dtype": "bfloat16", "mkl_cbwr": "AUTO", "prefill_seconds": [2.0, 3.0, 4.0],
+             "entropy_seconds": [0.001, 0.001, 0.002], "forward_seconds": {"1": [0.1, 0.2, 0.1]}}
+    lines = cpu_costs.report([target, draft], args)
+    assert "| target | float32 | unset | 500 ms | 800 ms (1.60×) | 1100 ms (2.20×) | — | — |" in lines
+    assert "| draft | bfloat16 | AUTO | 100 ms | — | — | 3000 ms | 1.00 ms (1.0%) |" in lines
+    with pytest.raises(SystemExit):
+        cpu_costs.main(["--cached-tokens", "8"])  # the 16-token forward re-reads the cache's last 16 tokens

@@ -355,6 +355,23 @@ def test_a_call_while_the_kept_policy_is_in_use_gets_a_fresh_one(attached, close
     assert len(_LearningPolicy.instances) == 2 and len(kept.outcomes) > outer.acceptance_stats.num_target_forwards
 
 
+def test_kept_policies_drop_the_least_recently_used(attached, close_draft, learning_registered, monkeypatch):
+    # One policy was kept per distinct options for the models' lifetime: a server varying an option per request
+    # grew the table without bound.
+    from hf_semspec import generation
+
+    monkeypatch.setattr(generation, "_KEPT_PER_MODEL_PAIR", 2)
+    hf_semspec.forget_draft_length_state()
+    for stop_after in (1, 2, 1, 3):  # 1 is used again before 3 arrives, so 2 is the least recently used
+        generate(attached, close_draft, draft_length="learning_test", draft_length_kwargs={"stop_after": stop_after})
+    kept = generation._KEPT_POLICIES[close_draft][attached]
+    assert [policy.config.stop_after for policy in kept.values()] == [1, 3]
+    assert len(_LearningPolicy.instances) == 3
+    generate(attached, close_draft, draft_length="learning_test", draft_length_kwargs={"stop_after": 2})
+    assert len(_LearningPolicy.instances) == 4  # dropped, so built afresh
+    hf_semspec.forget_draft_length_state()
+
+
 def test_an_instance_in_use_by_another_call_is_refused_then_freed(attached, close_draft, learning_registered):
     # Two calls would interleave their rounds in the instance's per-round state (a thread, or a nested call).
     policy = _LearningPolicy(_LearningConfig(stop_after=3, cap=4))
@@ -378,9 +395,46 @@ def test_an_instance_in_use_by_another_call_is_refused_then_freed(attached, clos
     generate(attached, close_draft, draft_length=policy)  # and when a call failed
 
 
+def test_an_interrupt_right_after_the_policy_is_taken_frees_it(attached, close_draft, monkeypatch):
+    # The release's try/finally began a statement after the policy was marked in use: an interrupt there (Ctrl-C)
+    # left a passed instance refused by every later call, and a kept policy replaced by unkept copies for good.
+    import types
+
+    from hf_semspec import generation
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    policy = hf_semspec.draft_length.tapout.TapOutPolicy()
+    monkeypatch.setattr(generation, "functools", types.SimpleNamespace(partial=interrupted))
+    for draft_length in (policy, "tapout"):
+        with pytest.raises(KeyboardInterrupt):
+            generate(attached, close_draft, draft_length=draft_length)
+    monkeypatch.undo()
+    generate(attached, close_draft, draft_length=policy)  # not "another generate() call is using"
+    assert not generation._POLICIES_IN_USE
+
+
 def test_a_failed_call_frees_its_kept_policy(attached, close_draft, learning_registered):
     _LearningPolicy.fail_once = True
     with pytest.raises(RuntimeError, match="round failed"):
         generate(attached, close_draft, draft_length="learning_test")
     generate(attached, close_draft, draft_length="learning_test")
     assert len(_LearningPolicy.instances) == 1
+
+
+@pytest.mark.parametrize("where", ["passed", "model"])
+def test_a_policy_instance_in_a_generation_config_is_refused_with_the_fix(attached, close_draft, where):
+    # It failed with "allowed one of [policy names]", pointing away from the fix (pass it with the call).
+    policy = hf_semspec.draft_length.tapout.TapOutPolicy()
+    kwargs = {}
+    if where == "passed":
+        kwargs["generation_config"] = GenerationConfig(draft_length=policy)
+    else:
+        attached.generation_config.draft_length = policy
+    try:
+        with pytest.raises(SemSpecConfigError, match=r"draft_length in .* = 'a TapOutPolicy instance'.*Fix: pass the "
+                           r"instance with the call, generate\(\.\.\., draft_length=policy\)"):
+            generate(attached, close_draft, **kwargs)
+    finally:
+        attached.generation_config.draft_length = None

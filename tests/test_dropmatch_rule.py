@@ -398,3 +398,23 @@ def test_a_target_that_transforms_its_logits_after_the_head_is_refused(
     # The neutral value is the plain head's output: accepted.
     monkeypatch.setattr(attached.config, option, neutral, raising=False)
     attached.generate(prompt(6), assistant_model=close_draft, acceptance="dropmatch", max_new_tokens=4)
+
+
+def test_the_lm_head_capture_ignores_other_threads_forwards():
+    # The hook sat on the shared head: another thread's generate() on the same target overwrote the captured hidden
+    # states between this call's forward and its read, and `dropmatch` verified with the other call's (a changed text,
+    # no error).
+    import threading
+
+    from conftest import tiny_llama
+
+    from hf_semspec.model_calls import capture_lm_head_input
+
+    model, ids = tiny_llama(seed=0), prompt(6, seed=1)
+    with torch.no_grad(), capture_lm_head_input(model) as captured:
+        other = threading.Thread(target=lambda: model(input_ids=ids))
+        other.start()
+        other.join()
+        assert captured == []
+        model(input_ids=ids[:, :3])
+        assert captured[0].shape[:2] == (1, 3)

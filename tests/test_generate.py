@@ -159,7 +159,7 @@ def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
     import pickle
 
     for restored in (pickle.loads(pickle.dumps(attached)), copy.deepcopy(attached)):
-        assert restored.generate.args[0] is restored
+        assert restored.generate.model is restored
         assert list(inspect.signature(restored.generate).parameters)[:2] == ["inputs", "generation_config"]  # bound
         out = restored.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=12)
         assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
@@ -168,6 +168,26 @@ def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
     shallow = copy.copy(attached)  # shares the original's installed generate: detach removes it from the copy too
     hf_semspec.detach(shallow)
     assert "generate" not in vars(shallow) and "generate" in vars(attached)
+
+
+def test_a_deleted_attached_model_is_freed_at_once(close_draft):
+    # attach stored functools.partial(generate, model) on the model: a cycle, so `del model` freed nothing (GPU memory
+    # included) until the garbage collector's next full pass. Reference counting alone must free it, as without attach.
+    import gc
+    import weakref
+
+    model = hf_semspec.attach(tiny_llama(seed=0))
+    model.generate(prompt(8), assistant_model=close_draft, acceptance="exact", draft_length="cost_aware",
+                   max_new_tokens=6)  # a kept policy too
+    method, ref = model.generate, weakref.ref(model)
+    gc.disable()
+    try:
+        del model
+        assert ref() is None
+    finally:
+        gc.enable()
+    with pytest.raises(ReferenceError, match=r"deleted.*Fix: call `generate` on a model you hold"):
+        method(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=2)
 
 
 def test_without_acceptance_generate_is_stock(attached, close_draft):

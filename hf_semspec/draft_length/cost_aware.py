@@ -30,9 +30,9 @@ the 1.5B target's forward over 3 tokens took 0.88 s and over 4 tokens 0.57 s (MK
 round of 2 drafts costs more than a round of 3. Live with `fly` on the quick profile's first three prompts
 (instrumented), rounds of 1 and 2 drafts fitted ρ = 0.3–1.1 against 0.27 over all lengths, and the one-step rule
 (this policy until then) drafted mostly one token per round: 0.74 of the best fixed length on the reasoning prompt
-(`draft-length-entropy-policies`). Hence t̂(k), the mean time measured at k, shrunk toward the line by 2 pseudo-rounds
-(the line alone at a length never timed), and the look-ahead over every longer round, which then sees that 3 drafts
-cost less than 2.
+(`draft-length-final-all`, that run merged into the full sweep). Hence t̂(k), the mean time measured at k, shrunk
+toward the line by 2 pseudo-rounds (the line alone at a length never timed), and the look-ahead over every longer
+round, which then sees that 3 drafts cost less than 2.
 
 Paper: K. Huang, X. Guo, M. Wang, "SpecDec++: Boosting Speculative Decoding via Adaptive Candidate Lengths"
 (COLM 2025, arXiv:2405.19715), https://arxiv.org/abs/2405.19715: the candidate-length choice as a Markov decision

@@ -11,6 +11,11 @@ Each configuration runs in a child process of its own, since MKL reads `MKL_CBWR
   prompt of `--prefill-tokens` tokens into an empty cache, and of what a per-token draft-length policy adds to a
   draft step: the entropy of q over the whole vocabulary, read back to the host (`_entropy.entropy(q).item()`).
 
+With `--isa avx2` the children run with `ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2` and
+`MKL_ENABLE_INSTRUCTIONS=AVX2`: torch's, oneDNN's and MKL's kernels stop at AVX2, as on a CPU without AVX-512 and its
+native bf16 instructions (the machine the advice was first measured on), so one machine can show both. The CPU's
+flags and torch's capability are recorded either way.
+
 The prompts are the quick profile's chat-encoded prompts one after another, cut to length (as
 `verify_cost.cached_ids`). Written to `benchmarks/results/<name>.json` and `.md`; the Markdown gives each forward's
 ratio to the same process's decode step, which is what the advice compares.
@@ -33,6 +38,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 from benchmarks import data, markdown  # noqa: E402  (no torch here: the children import it after MKL_CBWR is set)
 
 RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
+# What `--isa avx2` sets in the children: each library's own switch, since each picks its kernels itself.
+ISA_LIMITS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
+CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 VERIFY_TOKENS = (1, 6, 16)  # a decode step; the verify of 5 and of 15 drafts
 # (role, dtype, MKL_CBWR): None leaves the variable unset, MKL's own choice
 CONFIGURATIONS = (
@@ -103,7 +111,16 @@ def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_t
                     entropy(probs).max().item()
                     entropy_reads.append(time.perf_counter() - start)
     return {"forward_seconds": forwards, "prefill_seconds": prefills, "entropy_seconds": entropy_reads,
-            "vocab_size": model.config.vocab_size}
+            "vocab_size": model.config.vocab_size, "torch_cpu_capability": torch.backends.cpu.get_cpu_capability()}
+
+
+def cpu_flags() -> list[str]:
+    """Which of `CPU_FLAGS` this CPU has (Linux's /proc/cpuinfo; empty elsewhere)."""
+    try:
+        words = set(Path("/proc/cpuinfo").read_text(encoding="utf-8").split())
+    except OSError:
+        return []
+    return [flag for flag in CPU_FLAGS if flag in words]
 
 
 def run_child(configuration: tuple[str, str, str | None], args: argparse.Namespace) -> dict:
@@ -113,6 +130,7 @@ def run_child(configuration: tuple[str, str, str | None], args: argparse.Namespa
     env.pop("MKL_CBWR", None)
     if mkl_cbwr is not None:
         env["MKL_CBWR"] = mkl_cbwr
+    env.update(ISA_LIMITS.get(args.isa, {}))
     spec = {"role": role, "dtype": dtype, "cached_tokens": args.cached_tokens, "prefill_tokens": args.prefill_tokens,
             "repeats": args.repeats, "threads": args.threads, "data_dir": str(args.data_dir)}
     done = subprocess.run([sys.executable, "-m", "benchmarks.cpu_costs", "--child", json.dumps(spec)],
@@ -123,8 +141,10 @@ def run_child(configuration: tuple[str, str, str | None], args: argparse.Namespa
 
 
 def report(measured: list[dict], args: argparse.Namespace) -> list[str]:
+    capability = measured[0].get("torch_cpu_capability") if measured else None
     lines = [f"# CPU costs of the reference pair by dtype and MKL_CBWR: {args.threads} threads, {args.repeats} passes",
-             "", f"Target forwards over a cache of {args.cached_tokens} prompt tokens; the draft's prefill of "
+             "", f"CPU flags: {', '.join(cpu_flags()) or 'unknown'}; kernels limited to: {args.isa}; torch's CPU "
+             f"capability in the runs: {capability}.", "", f"Target forwards over a cache of {args.cached_tokens} prompt tokens; the draft's prefill of "
              f"{args.prefill_tokens} tokens into an empty cache. Medians; \"/ step\" is the ratio to the decode step "
              "(1 new token) of the same process.", ""]
     rows = []
@@ -151,6 +171,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=5, help="timed passes per configuration (default 5)")
     parser.add_argument("--threads", type=int, default=2, help="torch.set_num_threads, as in run.py (default 2)")
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="limit torch's, oneDNN's and MKL's kernels to AVX2 (default: what the CPU has)")
     parser.add_argument("--name", default="cpu-costs")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one configuration, as JSON
     args = parser.parse_args(argv)
@@ -172,7 +194,8 @@ def main(argv: list[str] | None = None) -> dict:
         entry.update(role=configuration[0], dtype=configuration[1], mkl_cbwr=configuration[2])
         measured.append(entry)
     summary = {"threads": args.threads, "repeats": args.repeats, "cached_tokens": args.cached_tokens,
-               "prefill_tokens": args.prefill_tokens, "configurations": measured}
+               "prefill_tokens": args.prefill_tokens, "isa": args.isa, "cpu_flags": cpu_flags(),
+               "environment": ISA_LIMITS.get(args.isa, {}), "configurations": measured}
     RESULTS_DIR.mkdir(exist_ok=True)
     markdown.write_json(RESULTS_DIR / f"{args.name}.json", summary)
     lines = report(measured, args)

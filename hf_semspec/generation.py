@@ -8,6 +8,7 @@ import functools
 import inspect
 import json
 import logging
+import numbers
 import os
 import threading
 import weakref
@@ -160,7 +161,9 @@ def _drafts_setting(assistant_model, name: str) -> Any:
 
 
 def _checked_length(field: str, value: Any) -> int | None:
-    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DRAFT_TOKENS):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = int(value)  # numpy's ints too: "4 is not valid: allowed an int" would puzzle
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DRAFT_TOKENS):
         raise invalid_value(
             field,
             value,

@@ -1434,7 +1434,7 @@ def test_cpu_costs_reports_each_forward_against_its_own_processes_decode_step():
 
     from benchmarks import cpu_costs
 
-    args = argparse.Namespace(threads=2, repeats=3, cached_tokens=160, prefill_tokens=200)
+    args = argparse.Namespace(threads=2, repeats=3, cached_tokens=160, prefill_tokens=200, isa="native")
     target = {"role": "target", "dtype": "float32", "mkl_cbwr": None, "prefill_seconds": [], "entropy_seconds": [],
               "forward_seconds": {"1": [0.5, 0.4, 0.6], "6": [0.8, 0.9, 0.7], "16": [1.1, 1.0, 1.2]}}
     draft = {"role": "draft", "dtype": "bfloat16", "mkl_cbwr": "AUTO", "prefill_seconds": [2.0, 3.0, 4.0],

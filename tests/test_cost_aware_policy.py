@@ -412,3 +412,18 @@ def test_tapout_tells_its_arms_the_window():
     policy = POLICIES.build("tapout", {})
     policy.set_deferred_window(6)
     assert [getattr(arm, "window", "n/a") for arm in policy.arms] == [6, "n/a"]  # cost_aware reads it; svip does not
+
+
+def test_a_cut_round_counts_the_mismatch_the_window_kept_before_the_cut():
+    # `fly` with W = 2, flip_prior set: 6 drafts, draft 1 passed Δ (s = 1), draft 2 failed it and the window kept it,
+    # and the output ended at an EOS after the 4th accepted draft (cut). Draft 2 was tested and failed Δ before the
+    # cut, so the calibration counts drafts 1..2 (tested 2, accepted 1) and φ one trial, one flip. (Counting a cut
+    # round's drafts as passed dropped the failure: tested 1, no flip trial, acceptance biased up.)
+    policy = CostAwarePolicy(CostAwareConfig(flip_prior=0.5, max_tokens=8, explore_after=0))
+    policy.set_deferred_window(2)
+    policy.max_tokens()
+    for position in range(1, 6):
+        policy.keep_drafting(position, Q_BIN[0])
+    policy.observe(RoundOutcome(num_drafted=6, num_accepted=4, seconds=1.0, num_matched=1, cut=True))
+    assert (policy.tested[0], policy.accepted[0]) == (2.0, 1.0)
+    assert (policy.flip_trials, policy.flips) == (1.0, 1.0)

@@ -65,6 +65,16 @@ def generate(model, draft, **kwargs):
                           min_new_tokens=24, return_dict_in_generate=True, **kwargs)
 
 
+def test_a_numpy_int_is_a_draft_length(attached, close_draft):
+    # np.int64(3) was refused as "3 is not valid: allowed an int in [1, 64]".
+    import numpy as np
+
+    a = generate(attached, close_draft, num_assistant_tokens=np.int64(3))
+    b = generate(attached, close_draft, num_assistant_tokens=3)
+    assert torch.equal(a.sequences, b.sequences)
+    assert a.acceptance_stats.num_drafted == b.acceptance_stats.num_drafted
+
+
 def test_num_assistant_tokens_and_constant_kwargs_agree(attached, close_draft):
     a = generate(attached, close_draft, num_assistant_tokens=3)
     b = generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"num_tokens": 3})

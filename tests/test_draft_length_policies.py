@@ -908,9 +908,12 @@ def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
     assert asked == (list(range(1, eos_at + 2)) if stops_at_eos else [])
 
 
-def test_a_round_cut_at_an_eos_reports_only_the_drafts_it_emitted(attached):
+@pytest.mark.parametrize("rule", ["exact", "fly"])
+@pytest.mark.parametrize("drafts_past_the_eos", [True, False])
+def test_a_round_cut_at_an_eos_reports_only_the_drafts_it_emitted(attached, drafts_past_the_eos, rule):
     """A policy learns from what a round delivered: drafts after an EOS are cut from the output, so they do not count
-    as accepted either, even where the target agrees with them (as `benchmarks/replay.py` counts them)."""
+    as accepted either, even where the target agrees with them (as `benchmarks/replay.py` counts them). An EOS on
+    the round's last draft cuts it too: the bonus token after it is not emitted."""
     import copy
 
     from hf_semspec.draft_length.constant import ConstantConfig, ConstantPolicy
@@ -919,15 +922,18 @@ def test_a_round_cut_at_an_eos_reports_only_the_drafts_it_emitted(attached):
     tokens = greedy[0, 8:].tolist()
     eos_at = next(i for i in range(1, 7) if tokens[i] not in tokens[:i])  # its first occurrence, inside round one
     outcomes = []
-    policy = ConstantPolicy(ConstantConfig(num_tokens=8))
+    drafts = 8 if drafts_past_the_eos else eos_at + 1
+    policy = ConstantPolicy(ConstantConfig(num_tokens=drafts))
     policy.observe = outcomes.append
-    out = attached.generate(prompt(8), assistant_model=copy.deepcopy(attached), acceptance="exact", draft_length=policy,
+    out = attached.generate(prompt(8), assistant_model=copy.deepcopy(attached), acceptance=rule, draft_length=policy,
                             max_new_tokens=12, eos_token_id=tokens[eos_at], pad_token_id=0)
-    # The draft is the target itself, so the rule accepts all 8 drafts; the output stops at the EOS, inside the
-    # accepted drafts: the round is cut, with no rejection, and emitted eos_at + 1 tokens.
+    # The draft is the target itself, so the rule accepts every draft; the output stops at the EOS, inside the
+    # accepted drafts or on the last: the round is cut, with no rejection, and emitted eos_at + 1 tokens. Drafts
+    # that matched past the cut are not output either (`fly` reports its matches: as many as it accepted).
     assert out[0, 8:].tolist() == tokens[: eos_at + 1]
-    assert [(o.num_drafted, o.num_accepted, o.cut, o.num_emitted) for o in outcomes] == [
-        (8, eos_at + 1, True, eos_at + 1)
+    matched = eos_at + 1 if rule == "fly" else None
+    assert [(o.num_drafted, o.num_accepted, o.num_matched, o.cut, o.num_emitted) for o in outcomes] == [
+        (drafts, eos_at + 1, matched, True, eos_at + 1)
     ]
 
 
@@ -1135,3 +1141,36 @@ def test_replay_marks_the_round_that_reaches_the_outputs_eos_as_cut():
     policy.observe = seen.append
     replay.replay(policy, runs, 10, {"seconds_per_target_forward": 0.5, "seconds_per_draft_forward": 0.1})
     assert [(o.num_drafted, o.num_accepted, o.cut, o.num_emitted) for o in seen] == [(8, 6, True, 6)]
+
+
+@pytest.mark.parametrize(("best", "cap", "explored"), [(3, 5, 5), (3, 6, 5), (4, 5, 2), (2, 3, 1)])
+def test_best_constant_explores_two_past_its_length_up_to_the_cap(best, cap, explored):
+    # γ* + 2 while it fits under max_tokens (γ* + 2 = cap included), else γ* − 2, at least 1.
+    policy = best_constant_module.BestConstantPolicy(best_constant_module.BestConstantConfig(max_tokens=cap))
+    assert policy.exploration_length(best) == explored
+
+
+def test_tapout_breaks_a_tie_for_the_earlier_arm():
+    # Both arms earn 4 tokens per forward (3 accepted of 3, 3 accepted of 8): equal UCB1 indices after one pull each,
+    # so the third round plays the first arm, as documented.
+    policy = tapout_module.TapOutPolicy(tapout_module.TapOutConfig(
+        arms=["constant:3", "constant:8"], bandit="ucb1", reward="tokens_per_forward"))
+    assert policy.max_tokens() == 3
+    policy.observe(RoundOutcome(num_drafted=3, num_accepted=3, seconds=0.1))
+    assert policy.max_tokens() == 8
+    policy.observe(RoundOutcome(num_drafted=8, num_accepted=3, seconds=0.1))
+    assert policy.max_tokens() == 3
+
+
+def test_ucb_tuned_variance_of_the_fitted_reward_on_worked_numbers():
+    # One arm, 400 rounds of 2 drafts in 0.5 s (so the fitted time is 0.5 s), accepting 1 and 2 in turn: rewards 4 and
+    # 6 tokens/s, R = 6, so μ/R = 5/6 and σ²/R² = (4/9 + 1)/2 − 25/36 = 1/36. V = 1/36 + sqrt(2 ln 400 / 400) < 1/4,
+    # so the index is 5/6 + sqrt(ln 400 / 400 · V).
+    policy = tapout_module.TapOutPolicy(tapout_module.TapOutConfig(
+        arms=["constant:2"], bandit="ucb_tuned", reward="tokens_per_fitted_second"))
+    for i in range(400):
+        policy.max_tokens()
+        policy.observe(RoundOutcome(num_drafted=2, num_accepted=1 + i % 2, seconds=0.5))
+    variance = 1 / 36 + math.sqrt(2 * math.log(400) / 400)
+    assert variance < 0.25
+    assert policy.ucb_tuned_index(0) == pytest.approx(5 / 6 + math.sqrt(math.log(400) / 400 * variance), abs=1e-9)

@@ -312,3 +312,22 @@ def test_end_to_end_greedy(attached, close_draft):
     assert exact > 0
     assert default >= exact
     assert loose > 2 * exact
+
+
+def test_the_emitted_distribution_leaves_out_what_the_target_forbids():
+    # A token with p = 0 (outside top-k, a bad word) gets no relaxed mass: p = [0.5, 0.5, 0], q = [0.2, 0.3, 0.5],
+    # β = 0.1. Accepting x̂ = 2 would need u < 0/0.5 + 0.1·(1 − 0.5) = 0.05, but p(2) = 0 is refused outright, so the
+    # emitted distribution is p itself (without that check: [0.485, 0.49, 0.025]).
+    p, q = torch.tensor([0.5, 0.5, 0.0]), torch.tensor([0.2, 0.3, 0.5])
+    torch.testing.assert_close(emitted_distribution(p, q, 0.1), p)
+
+
+def test_greedy_with_beta_zero_keeps_only_the_first_argmax_as_exact_does():
+    # Logits [1, 1, 0]: tokens 0 and 1 tie for the max. β = 0 must decide as `exact`, whose argmax is token 0, so a
+    # draft of token 1 is rejected and 0 emitted.
+    logits = torch.tensor([[[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    inputs = VerificationInput(draft_token_ids=torch.tensor([[1]]), target_logits=logits)
+    ears = EARSRule(EARSConfig(beta=0.0)).verify(inputs)
+    exact = ExactRule().verify(inputs)
+    assert ears.num_accepted.tolist() == exact.num_accepted.tolist() == [0]
+    assert ears.next_token.tolist() == exact.next_token.tolist() == [0]

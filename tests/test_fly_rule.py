@@ -335,3 +335,15 @@ def test_fly_accepts_more_drafts_per_round_than_exact_end_to_end(attached, close
     fly_rate = totals["fly"][0] / totals["fly"][1]
     assert fly_rate > exact_rate
     assert differs
+
+
+def test_an_entropy_threshold_of_zero_turns_the_gate_off_even_at_zero_entropy():
+    # Target logits [0, −200, −200] at position 1: its top-3 entropy underflows to exactly 0 in float32. θ = 0 must let
+    # every mismatch through the gate (H ≥ θ), so with W = 1 the mismatched draft 1 is kept and the matching
+    # draft 1 after it accepted: 2 accepted. (With H > θ the gate blocked it: 0 accepted.)
+    logits = torch.tensor([[[0.0, -200.0, -200.0], [0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]])
+    assert target_entropy(logits[:, :1].softmax(-1)).item() == 0.0
+    result = FLyRule(FLyConfig(window=1, entropy_threshold=0.0)).verify(
+        VerificationInput(draft_token_ids=torch.tensor([[1, 1]]), target_logits=logits)
+    )
+    assert result.num_accepted.tolist() == [2]

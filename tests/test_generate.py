@@ -323,6 +323,35 @@ def test_custom_stopping_criteria_stop_where_plain_decoding_stops(attached, clos
             assert plain.shape[1] < ids.shape[1] + 30 and torch.equal(ours, plain), name
 
 
+def test_stopping_criteria_get_the_scores_plain_decoding_passes(attached, close_draft):
+    # With output_scores, a criterion is passed the processed scores so far: one per token, the one just chosen
+    # included, as plain decoding passes them.
+    class RecordScores(StoppingCriteria):
+        def __init__(self):
+            self.seen = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            self.seen.append((input_ids.shape[1], len(scores)))
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+    ids, ours, plain = prompt(8), RecordScores(), RecordScores()
+    attached.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=4,
+                      max_new_tokens=10, output_scores=True, return_dict_in_generate=True,
+                      stopping_criteria=StoppingCriteriaList([ours]))
+    plain_greedy(attached, ids, max_new_tokens=10, output_scores=True, return_dict_in_generate=True,
+                 stopping_criteria=StoppingCriteriaList([plain]))
+    assert ours.seen == plain.seen == [(ids.shape[1] + n, n) for n in range(1, 11)]
+
+
+def test_the_shortest_of_two_max_length_criteria_stops(attached):
+    ids = prompt(8)
+    criteria = StoppingCriteriaList([MaxLengthCriteria(ids.shape[1] + 6), MaxLengthCriteria(ids.shape[1] + 3)])
+    ours = attached.generate(ids, assistant_model=attached, acceptance="exact", max_new_tokens=12,
+                             stopping_criteria=criteria)
+    assert ours.shape[1] == ids.shape[1] + 3
+    assert torch.equal(ours, plain_greedy(attached, ids, max_new_tokens=12, stopping_criteria=criteria))
+
+
 @pytest.mark.parametrize("new_tokens", [4, 30])
 def test_a_max_length_criterion_given_by_the_user_takes_precedence(attached, new_tokens):
     # transformers keeps the user's MaxLengthCriteria instead of its own, shorter or longer.

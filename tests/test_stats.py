@@ -48,3 +48,13 @@ def test_stats_of_several_calls_sum():
     a = AcceptanceStats(4, 20, 8, 12, [4, 4, 4, 4, 4], [3, 2, 1, 1, 1])
     b = AcceptanceStats(2, 10, 10, 12, [2, 2, 2, 2, 2], [2, 2, 2, 2, 2])
     assert sum([a, b]) == a + b and sum([a]) == a
+
+
+def test_counters_count_every_row_of_a_batched_verification():
+    # `rule.verify` takes a batch; its counters counted one row per position, or the best row's accepted drafts.
+    counters = AcceptanceCounters()
+    counters.record(3, torch.tensor([1, 3]))
+    stats = counters.to_stats(num_target_forwards=1, num_new_tokens=6)
+    assert (stats.num_drafted, stats.num_accepted) == (6, 4)
+    assert stats.drafted_per_position == [2, 2, 2]
+    assert stats.accepted_per_position == [2, 1, 1]

@@ -189,6 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cache-dir", default=None, help="model cache (default: $HF_SEMSPEC_CACHE or ~/.cache/hf_semspec)")
     p.add_argument("--draft-dtype", choices=sorted(models.DTYPES), default="bfloat16",
                    help="draft weights' dtype (default bfloat16: faster than float32 on this CPU)")
+    p.add_argument("--target-dtype", choices=sorted(models.DTYPES), default="float32",
+                   help="target weights' dtype (default float32: without native bf16, a bf16 verify forward costs "
+                        "about k decode steps; with AVX-512 BF16 or AMX, bfloat16 is faster: README, Running on a CPU)")
     p.add_argument("--threads", type=_at_least(1), default=2, help="torch.set_num_threads (default: 2)")
     p.add_argument("--verify-cost", type=Path, default=None,
                    help="a benchmarks/verify_cost.py JSON: stored in the results (aggregates.per_length_costs), so "
@@ -350,7 +353,7 @@ def output_stem(args: argparse.Namespace) -> str:
 
 def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPair] = models.load_pair) -> dict:
     """Runs the benchmark and writes its outputs; returns the results dict. `load_pair(pair, cache_dir=...,
-    draft_dtype=...)` is injectable (tests pass tiny models)."""
+    target_dtype=..., draft_dtype=...)` is injectable (tests pass tiny models)."""
     run_start = time.perf_counter()
     args = build_parser().parse_args(argv)
     profile = resolve_profile(args)
@@ -369,7 +372,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
 
     # 2. Models.
     load_start = time.perf_counter()
-    pair = load_pair(args.pair, cache_dir=args.cache_dir, draft_dtype=args.draft_dtype)
+    pair = load_pair(args.pair, cache_dir=args.cache_dir, target_dtype=args.target_dtype, draft_dtype=args.draft_dtype)
     if pair.target is pair.draft:
         raise ValueError("target and draft must be two model instances (forwards are counted per instance)")
     if args.pruned_drafter is not None:

@@ -575,6 +575,23 @@ def test_run_refuses_a_verify_cost_file_without_measurements_before_loading_mode
         run.main(argv, load_pair=must_not_load)
 
 
+def test_run_loads_the_models_in_the_dtypes_asked(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    asked = []
+
+    def recording_pair(pair, **options):
+        asked.append({k: options[k] for k in ("target_dtype", "draft_dtype")})
+        raise RuntimeError("stop after loading")
+
+    argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out")]
+    for extra, expected in (([], {"target_dtype": "float32", "draft_dtype": "bfloat16"}),
+                            (["--target-dtype", "bfloat16", "--draft-dtype", "float32"],
+                             {"target_dtype": "bfloat16", "draft_dtype": "float32"})):
+        with pytest.raises(RuntimeError, match="stop after loading"):
+            run.main(argv + extra, load_pair=recording_pair)
+        assert asked.pop() == expected
+
+
 def test_rules_that_need_a_pruned_drafter_use_it():
     from conftest import SlicedHeadDrafter, nearest_neighbour_kernel
 

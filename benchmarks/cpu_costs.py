@@ -8,8 +8,9 @@ Each configuration runs in a child process of its own, since MKL reads `MKL_CBWR
   decode step (one new token) and of forwards over 6 and 16 new tokens (the verify of 5 and 15 drafts), each over
   the cache of a prompt of `--cached-tokens` tokens, cropped back after each forward as decoding does.
 - draft (Qwen2.5-Coder-0.5B): fp32 and bf16 with `AUTO`. Median seconds of a decode step, of the prefill of a
-  prompt of `--prefill-tokens` tokens into an empty cache, and of what a per-token draft-length policy adds to a
-  draft step: the entropy of q over the whole vocabulary, read back to the host (`_entropy.entropy(q).item()`).
+  prompt of `--prefill-tokens` tokens into an empty cache (logits of the last position only, as the decoding loop
+  asks for them), and of what a per-token draft-length policy adds to a draft step: the entropy of q over the whole
+  vocabulary, read back to the host (`_entropy.entropy(q).max().item()`, the largest over the batch's rows).
 
 With `--isa avx2` the children run with `ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_CPU_ISA=AVX2` and
 `MKL_ENABLE_INSTRUCTIONS=AVX2`: torch's, oneDNN's and MKL's kernels stop at AVX2, as on a CPU without AVX-512 and its
@@ -103,7 +104,8 @@ def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_t
                 cache.crop(-n)  # a negative count: the tokens to remove
             if role == "draft":
                 start = time.perf_counter()
-                out = model(input_ids=ids[:, :prefill_tokens], past_key_values=DynamicCache(), use_cache=True)
+                out = model(input_ids=ids[:, :prefill_tokens], past_key_values=DynamicCache(), use_cache=True,
+                            logits_to_keep=1)
                 prefills.append(time.perf_counter() - start)
                 probs = out.logits[:, -1].float().softmax(-1)  # q, as the decoding loop has it
                 for _ in range(10):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import numbers
 import types
 import typing
 from dataclasses import dataclass
@@ -73,6 +74,14 @@ def _takes_float_not_int(tp: Any) -> bool:
     """A field typed `float` (or `float | None`) without `int`: an int given there is stored as a float."""
     options = typing.get_args(tp) if typing.get_origin(tp) in _UNION_TYPES else (tp,)
     return float in options and int not in options
+
+
+def _python_number(value: Any) -> Any:
+    """numpy's (and other libraries') numbers as Python's own: `np.int64(3)` is the int 3, which a config's JSON
+    can hold and its type check accepts; anything else unchanged."""
+    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+        return value
+    return int(value) if isinstance(value, numbers.Integral) else float(value)
 
 
 def _matches_type(value: Any, tp: Any) -> bool:
@@ -169,7 +178,8 @@ class ComponentConfig:
         """Checks every field against its type, range and choices; raises `SemSpecConfigError` naming the fix."""
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            value = getattr(self, f.name)
+            value = _python_number(getattr(self, f.name))
+            setattr(self, f.name, value)
             field_label = f"{self.argument_name}['{f.name}']"
             if not _matches_type(value, hints[f.name]):
                 raise invalid_value(

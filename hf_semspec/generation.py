@@ -288,15 +288,18 @@ def _build_draft_length_policy(
         return call_name
     configs = (("a passed GenerationConfig", generation_config), ("the model's generation_config",
                                                                   model.generation_config))
-    for where, config in configs:
-        if isinstance(getattr(config, "draft_length", None), DraftLengthPolicy):
+    for where, config in configs if call_name is None else ():  # the one that applies: the first that is set
+        value = getattr(config, "draft_length", None)
+        if isinstance(value, DraftLengthPolicy):
             # A config is saved as JSON, and a policy instance is state, not a setting: it goes with the call.
             raise invalid_value(
-                f"draft_length in {where}", f"a {type(config.draft_length).__name__} instance",
+                f"draft_length in {where}", f"a {type(value).__name__} instance",
                 "a policy name in a GenerationConfig (an instance only as generate(draft_length=...))",
                 "pass the instance with the call, generate(..., draft_length=policy), or put its name and options in "
                 "the config (draft_length='<name>', draft_length_kwargs={...})",
             )
+        if value is not None:
+            break
     name, options, _ = _resolve_component(
         call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config,
         model_orphans_are_errors=True,
@@ -694,23 +697,30 @@ class _AttachedGenerate:
     Not a bound method: pickle (torch.save, multiprocessing) stores a bound method as a lookup of `model.generate`,
     which on load runs before the instance's attributes are back and finds the class's stock `generate`; this pickles
     (and deep-copies) as "bind to the copied model" instead. Not a `functools.partial` holding the model either: the
-    model would hold it in its `__dict__`, a reference cycle, so `del model` would free nothing (GPU memory
-    included) until the garbage collector's next full pass. It holds the model by a weak reference.
+    model holds it in its `__dict__`, a reference cycle, so `del model` would free nothing (GPU memory included)
+    until the garbage collector's next full pass. So `attach` installs one that holds its model by a weak reference.
+
+    A copy holds its model strongly where nothing else may: a pickle of this method alone (sent to another process)
+    brings back a model that only the method refers to. A deep copy of the whole model is told apart (`memo`) and
+    stays weak; a pickled whole model comes back with the strong form, a cycle the garbage collector frees.
     """
 
     __signature__ = inspect.Signature(list(inspect.signature(generate).parameters.values())[1:])  # without `model`
 
-    def __init__(self, model: torch.nn.Module):
+    def __init__(self, model: torch.nn.Module, *, hold_strongly: bool = False):
         self._model = weakref.ref(model)
-        self.__doc__ = generate.__doc__
+        self._strong = model if hold_strongly else None
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(self, name, getattr(generate, name))
 
     @property
     def model(self) -> torch.nn.Module:
         model = self._model()
         if model is None:
             raise ReferenceError(
-                "this `generate` was attached to a model that has since been deleted. Fix: call `generate` on a "
-                "model you hold (`model.generate(...)`), not on a saved reference to an old model's method."
+                "this `generate` was attached to a model that has since been deleted (a shallow copy, copy.copy(model), "
+                "shares the original's `generate`). Fix: call `generate` on a model you hold; for a copy use "
+                "copy.deepcopy(model), or hf_semspec.attach(the copy)."
             )
         return model
 
@@ -718,7 +728,17 @@ class _AttachedGenerate:
         return generate(self.model, *args, **kwargs)
 
     def __reduce__(self):
-        return (_AttachedGenerate, (self.model,))
+        return (_AttachedGenerate._held_strongly, (self.model,))
+
+    @staticmethod
+    def _held_strongly(model: torch.nn.Module) -> "_AttachedGenerate":
+        return _AttachedGenerate(model, hold_strongly=True)
+
+    def __deepcopy__(self, memo: dict) -> "_AttachedGenerate":
+        model = self.model
+        if id(model) in memo:  # copied with its model (copy.deepcopy(model)): the copy owns it
+            return _AttachedGenerate(memo[id(model)])
+        return _AttachedGenerate(copy.deepcopy(model, memo), hold_strongly=True)
 
     def __repr__(self) -> str:
         model = self._model()

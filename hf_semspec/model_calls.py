@@ -76,7 +76,9 @@ def capture_lm_head_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor]
     this_thread = threading.get_ident()
 
     def hook(_module: torch.nn.Module, args: tuple) -> None:
-        if threading.get_ident() == this_thread:
+        # (torch.compile cannot trace get_ident, and `fullgraph=True` would fail on it: a compiled forward records
+        # without the thread check, as before it.)
+        if torch.compiler.is_compiling() or threading.get_ident() == this_thread:
             captured[:] = [args[0]]
 
     handle = head.register_forward_pre_hook(hook)

@@ -71,8 +71,14 @@ def test_a_numpy_int_is_a_draft_length(attached, close_draft):
 
     a = generate(attached, close_draft, num_assistant_tokens=np.int64(3))
     b = generate(attached, close_draft, num_assistant_tokens=3)
-    assert torch.equal(a.sequences, b.sequences)
-    assert a.acceptance_stats.num_drafted == b.acceptance_stats.num_drafted
+    c = generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"num_tokens": np.int64(3)})
+    assert torch.equal(a.sequences, b.sequences) and torch.equal(c.sequences, b.sequences)
+    assert a.acceptance_stats.num_drafted == b.acceptance_stats.num_drafted == c.acceptance_stats.num_drafted
+    # and any option: stored as Python's numbers, so that the config's JSON holds them
+    config = POLICIES.get("cost_aware").config_class.from_kwargs(
+        {"max_tokens": np.int64(8), "calibration_discount": np.float32(0.5)})
+    assert type(config.max_tokens) is int and type(config.calibration_discount) is float
+    assert json.loads(json.dumps(config.to_dict())) == {"max_tokens": 8, "calibration_discount": 0.5}
 
 
 def test_num_assistant_tokens_and_constant_kwargs_agree(attached, close_draft):
@@ -446,5 +452,10 @@ def test_a_policy_instance_in_a_generation_config_is_refused_with_the_fix(attach
         with pytest.raises(SemSpecConfigError, match=r"draft_length in .* = 'a TapOutPolicy instance'.*Fix: pass the "
                            r"instance with the call, generate\(\.\.\., draft_length=policy\)"):
             generate(attached, close_draft, **kwargs)
+        # A value that takes precedence over it leaves it unread, as it leaves a name unread.
+        overridden = generate(attached, close_draft, draft_length="constant", num_assistant_tokens=2, **kwargs)
+        assert overridden.acceptance_stats.drafted_per_position[2:] == []
+        if where == "model":
+            generate(attached, close_draft, generation_config=GenerationConfig(draft_length="constant"))
     finally:
         attached.generation_config.draft_length = None

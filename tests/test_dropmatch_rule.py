@@ -418,3 +418,17 @@ def test_the_lm_head_capture_ignores_other_threads_forwards():
         assert captured == []
         model(input_ids=ids[:, :3])
         assert captured[0].shape[:2] == (1, 3)
+
+
+def test_the_lm_head_capture_traces_under_a_fullgraph_compile():
+    # The thread check read threading.get_ident(), which torch.compile cannot trace: a target compiled with
+    # fullgraph=True (transformers' documented pattern) failed every `dropmatch` call.
+    from conftest import tiny_llama
+
+    from hf_semspec.model_calls import capture_lm_head_input
+
+    model, ids = tiny_llama(seed=0), prompt(6, seed=1)
+    model.forward = torch.compile(model.forward, backend="eager", fullgraph=True)
+    with torch.no_grad(), capture_lm_head_input(model) as captured:
+        model(input_ids=ids[:, :4])
+    assert captured[0].shape[:2] == (1, 4)

@@ -165,6 +165,11 @@ def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
         assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
         hf_semspec.detach(restored)
         assert "generate" not in vars(restored)
+    # The method alone, as multiprocessing sends it: it brings its own copy of the model and keeps it alive.
+    for method in (pickle.loads(pickle.dumps(attached.generate)), copy.deepcopy(attached.generate)):
+        assert method.model is not attached and method.__name__ == "generate"
+        out = method(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=12)
+        assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
     shallow = copy.copy(attached)  # shares the original's installed generate: detach removes it from the copy too
     hf_semspec.detach(shallow)
     assert "generate" not in vars(shallow) and "generate" in vars(attached)
@@ -176,14 +181,18 @@ def test_a_deleted_attached_model_is_freed_at_once(close_draft):
     import gc
     import weakref
 
+    import copy
+
     model = hf_semspec.attach(tiny_llama(seed=0))
     model.generate(prompt(8), assistant_model=close_draft, acceptance="exact", draft_length="cost_aware",
                    max_new_tokens=6)  # a kept policy too
-    method, ref = model.generate, weakref.ref(model)
+    deep = copy.deepcopy(model)  # a deep copy owns its own, weakly bound too
+    assert deep.generate.model is deep
+    method, ref, deep_ref = model.generate, weakref.ref(model), weakref.ref(deep)
     gc.disable()
     try:
-        del model
-        assert ref() is None
+        del model, deep
+        assert ref() is None and deep_ref() is None
     finally:
         gc.enable()
     with pytest.raises(ReferenceError, match=r"deleted.*Fix: call `generate` on a model you hold"):

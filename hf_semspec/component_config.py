@@ -77,11 +77,18 @@ def _takes_float_not_int(tp: Any) -> bool:
 
 
 def _python_number(value: Any) -> Any:
-    """numpy's (and other libraries') numbers as Python's own: `np.int64(3)` is the int 3, which a config's JSON
-    can hold and its type check accepts; anything else unchanged."""
-    if isinstance(value, (bool, int, float)) or not isinstance(value, numbers.Real):
+    """numpy's (and other libraries') numbers and bools as Python's own: `np.int64(3)` is the int 3, which a config's
+    JSON can hold, its type check accepts and a key compares equal by repr (`np.float64(0.5)`, a float subclass, is
+    converted too); anything else unchanged."""
+    if type(value) in (bool, int, float):
         return value
-    return int(value) if isinstance(value, numbers.Integral) else float(value)
+    if isinstance(value, numbers.Integral):
+        return int(value)
+    if isinstance(value, numbers.Real):
+        return float(value)
+    if type(value).__module__ == "numpy" and type(value).__name__ in ("bool", "bool_"):
+        return bool(value)
+    return value
 
 
 def _matches_type(value: Any, tp: Any) -> bool:

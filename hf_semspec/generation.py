@@ -702,7 +702,8 @@ class _AttachedGenerate:
 
     A copy holds its model strongly where nothing else may: a pickle of this method alone (sent to another process)
     brings back a model that only the method refers to. A deep copy of the whole model is told apart (`memo`) and
-    stays weak; a pickled whole model comes back with the strong form, a cycle the garbage collector frees.
+    stays weak; a pickled whole model cannot be told apart from the method alone when it is loaded, so it comes back
+    with the strong form: a cycle, freed by the garbage collector rather than at `del`.
     """
 
     __signature__ = inspect.Signature(list(inspect.signature(generate).parameters.values())[1:])  # without `model`
@@ -738,7 +739,12 @@ class _AttachedGenerate:
         model = self.model
         if id(model) in memo:  # copied with its model (copy.deepcopy(model)): the copy owns it
             return _AttachedGenerate(memo[id(model)])
-        return _AttachedGenerate(copy.deepcopy(model, memo), hold_strongly=True)
+        copied_model = copy.deepcopy(model, memo)
+        # The model's own `generate` was this method: copying its `__dict__` made the copy of this one already (one
+        # object, as pickle keeps it), bound weakly; it is what holds the copied model here, so strongly.
+        copied = memo.get(id(self)) or _AttachedGenerate(copied_model)
+        copied._strong = copied_model
+        return copied
 
     def __repr__(self) -> str:
         model = self._model()

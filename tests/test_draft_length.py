@@ -79,6 +79,13 @@ def test_a_numpy_int_is_a_draft_length(attached, close_draft):
         {"max_tokens": np.int64(8), "calibration_discount": np.float32(0.5)})
     assert type(config.max_tokens) is int and type(config.calibration_discount) is float
     assert json.loads(json.dumps(config.to_dict())) == {"max_tokens": 8, "calibration_discount": 0.5}
+    adaptive = POLICIES.get("adaedl").config_class.from_kwargs({"adaptive": np.False_})
+    assert adaptive.adaptive is False
+    # np.float64 is a float subclass whose repr differs from the float's: two equal arms must still be one
+    with pytest.raises(SemSpecConfigError, match=r"arms"):
+        POLICIES.get("tapout").config_class.from_kwargs({"arms": [
+            {"name": "cost_aware", "calibration_discount": np.float64(0.98)},
+            {"name": "cost_aware", "calibration_discount": 0.98}]})
 
 
 def test_num_assistant_tokens_and_constant_kwargs_agree(attached, close_draft):

@@ -170,6 +170,8 @@ def test_an_attached_model_pickles_and_copies_attached(attached, close_draft):
         assert method.model is not attached and method.__name__ == "generate"
         out = method(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=12)
         assert torch.equal(out, plain_greedy(attached, prompt(8), max_new_tokens=12))
+    method, model = copy.deepcopy([attached.generate, attached])  # one object, as pickle keeps it
+    assert method is model.generate and method.model is model
     shallow = copy.copy(attached)  # shares the original's installed generate: detach removes it from the copy too
     hf_semspec.detach(shallow)
     assert "generate" not in vars(shallow) and "generate" in vars(attached)

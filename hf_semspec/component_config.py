@@ -76,7 +76,7 @@ def _takes_float_not_int(tp: Any) -> bool:
     return float in options and int not in options
 
 
-def _python_number(value: Any) -> Any:
+def python_number(value: Any) -> Any:
     """numpy's (and other libraries') numbers and bools as Python's own: `np.int64(3)` is the int 3, which a config's
     JSON can hold, its type check accepts and a key compares equal by repr (`np.float64(0.5)`, a float subclass, is
     converted too); anything else unchanged."""
@@ -185,7 +185,7 @@ class ComponentConfig:
         """Checks every field against its type, range and choices; raises `SemSpecConfigError` naming the fix."""
         hints = typing.get_type_hints(type(self))
         for f in dataclasses.fields(self):
-            value = _python_number(getattr(self, f.name))
+            value = python_number(getattr(self, f.name))
             setattr(self, f.name, value)
             field_label = f"{self.argument_name}['{f.name}']"
             if not _matches_type(value, hints[f.name]):

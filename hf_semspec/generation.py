@@ -8,7 +8,6 @@ import functools
 import inspect
 import json
 import logging
-import numbers
 import os
 import threading
 import weakref
@@ -20,7 +19,7 @@ from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation import StopStringCriteria
 
 from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
-from .component_config import default_of
+from .component_config import default_of, python_number
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
 from .draft_length.base import default_length
@@ -161,8 +160,7 @@ def _drafts_setting(assistant_model, name: str) -> Any:
 
 
 def _checked_length(field: str, value: Any) -> int | None:
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        value = int(value)  # numpy's ints too: "4 is not valid: allowed an int" would puzzle
+    value = python_number(value)  # numpy's ints too: "4 is not valid: allowed an int" would puzzle
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DRAFT_TOKENS):
         raise invalid_value(
             field,
@@ -286,24 +284,19 @@ def _build_draft_length_policy(
                 )
             _POLICIES_IN_USE.add(id(call_name))
         return call_name
-    configs = (("a passed GenerationConfig", generation_config), ("the model's generation_config",
-                                                                  model.generation_config))
-    for where, config in configs if call_name is None else ():  # the one that applies: the first that is set
-        value = getattr(config, "draft_length", None)
-        if isinstance(value, DraftLengthPolicy):
-            # A config is saved as JSON, and a policy instance is state, not a setting: it goes with the call.
-            raise invalid_value(
-                f"draft_length in {where}", f"a {type(value).__name__} instance",
-                "a policy name in a GenerationConfig (an instance only as generate(draft_length=...))",
-                "pass the instance with the call, generate(..., draft_length=policy), or put its name and options in "
-                "the config (draft_length='<name>', draft_length_kwargs={...})",
-            )
-        if value is not None:
-            break
-    name, options, _ = _resolve_component(
+    name, options, source = _resolve_component(
         call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config,
         model_orphans_are_errors=True,
     )
+    if isinstance(name, DraftLengthPolicy):  # from a config (the call's own instance returned above)
+        # A config is saved as JSON, and a policy instance is state, not a setting: it goes with the call.
+        where = {"generation_config": "a passed GenerationConfig", "model": "the model's generation_config"}[source]
+        raise invalid_value(
+            f"draft_length in {where}", f"a {type(name).__name__} instance",
+            "a policy name in a GenerationConfig (an instance only as generate(draft_length=...))",
+            "pass the instance with the call, generate(..., draft_length=policy), or put its name and options in "
+            "the config (draft_length='<name>', draft_length_kwargs={...})",
+        )
     schedule = _first_set(
         kwargs.get("num_assistant_tokens_schedule"), getattr(generation_config, "num_assistant_tokens_schedule", None)
     )

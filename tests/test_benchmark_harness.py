@@ -1461,3 +1461,21 @@ def test_cpu_costs_reports_each_forward_against_its_own_processes_decode_step():
     assert "| draft | bfloat16 | AUTO | 100 ms | — | — | 3000 ms | 1.00 ms (1.0%) |" in lines
     with pytest.raises(SystemExit):
         cpu_costs.main(["--cached-tokens", "8"])  # the 16-token forward re-reads the cache's last 16 tokens
+
+
+def test_quick_profile_ids_joins_the_quick_prompts_and_cuts_them(tmp_path):
+    # The cache that verify_cost.py and cpu_costs.py time forwards over: each category's shortest prompt, encoded,
+    # one after another, cut to the length asked.
+    write_tiny_data(tmp_path)
+
+    def encode(text):  # one id per word, the id naming the prompt (its length in characters)
+        return {"input_ids": torch.full((1, len(text.split())), len(text))}
+
+    prompts = data.select_balanced(data.drop_long(data.load_question_prompts(tmp_path / data.SPECBENCH_FILE, 64),
+                                                  300)[0], 1, "shortest", 0)
+    pieces = [encode(p.text)["input_ids"] for p in prompts]
+    assert sorted(p.text for p in prompts) == ["A haiku.", "Who wrote Hamlet?"]
+    assert torch.equal(models.quick_profile_ids(encode, tmp_path, None, "--x"), pieces[0])
+    assert torch.equal(models.quick_profile_ids(encode, tmp_path, 4, "--x"), torch.cat(pieces, dim=1)[:, :4])
+    with pytest.raises(ValueError, match=r"--x 6: the quick profile's prompts give only 5 tokens"):
+        models.quick_profile_ids(encode, tmp_path, 6, "--x")

@@ -81,11 +81,9 @@ def main(argv: list[str] | None = None) -> dict:
             raise ValueError(f"--runs: got {entry!r}; expected LABEL=FILE[,FILE...], e.g. "
                              "tapout=benchmarks/results/draft-length-fly-held-out.json")
         method = f"{rule}/{label.split('@', 1)[0]}"
+        markdown.check_distinct_file_names(files.split(","), f"--runs {label!r}")
         per_file = {}
         for name in files.split(","):
-            if Path(name).name in per_file:  # the results are keyed by file name: a second one would replace the first
-                raise ValueError(f"--runs {label!r}: two files named {Path(name).name!r}. Fix: give the runs distinct "
-                                 "file names (copy one under another name).")
             results = json.loads(Path(name).read_text(encoding="utf-8"))
             first = first or (name, results)
             check_same_anchor(first[1], results, args.anchor, first[0], name)

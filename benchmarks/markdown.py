@@ -38,6 +38,16 @@ def load_results(path: Path, kind: str, flag: str) -> dict:
                      f"Fix: pass {wanted.split(' (')[0]} JSON there.")
 
 
+def check_distinct_file_names(paths: list, what: str) -> None:
+    """Refuses two results files of one name among `paths`: the scripts key runs by file name, so the second would
+    replace the first and its prompts would silently go uncounted. `what` names the argument in the error."""
+    names = [Path(path).name for path in paths]
+    repeated = sorted({name for name in names if names.count(name) > 1})
+    if repeated:
+        raise ValueError(f"{what}: two files named {', '.join(map(repr, repeated))}. Fix: give the runs distinct file "
+                         "names (copy one under another name).")
+
+
 def write_json(path: Path, results: dict) -> None:
     path.write_text(json.dumps(results, indent=1, default=str) + "\n", encoding="utf-8")
 

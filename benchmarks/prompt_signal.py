@@ -180,11 +180,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="fly-prompt-signal")
     args = parser.parse_args(argv)
 
-    names = [path.name for path in args.runs]
-    repeated = sorted({name for name in names if names.count(name) > 1})
-    if repeated:  # runs are keyed by file name: a second file of one name would replace the first
-        parser.error(f"two runs named {repeated}. Fix: give the runs distinct file names (copy one under another "
-                     "name).")
+    try:
+        markdown.check_distinct_file_names(args.runs, "runs")
+    except ValueError as error:
+        parser.error(str(error))
     runs = {path.name: json.loads(path.read_text(encoding="utf-8")) for path in args.runs}
     texts = {p.prompt_id: p.text for p in data.load_question_prompts(args.data_dir / data.SPECBENCH_FILE, 64)}
     pair = load_pair("qwen")

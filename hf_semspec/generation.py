@@ -648,11 +648,20 @@ def restore_saved_generation_fields(model: torch.nn.Module) -> list[str]:
 def set_default_acceptance(model: torch.nn.Module, acceptance: str, acceptance_kwargs: Any = None) -> None:
     """Stores `acceptance` (validated) in `model.generation_config`, so that `save_pretrained` keeps it.
     `acceptance_kwargs`: a dict of the rule's options, or its config instance (stored as a dict, for the JSON)."""
+    _store_default_acceptance(model, acceptance, _validated_acceptance_kwargs(acceptance, acceptance_kwargs))
+
+
+def _validated_acceptance_kwargs(acceptance: str, acceptance_kwargs: Any) -> dict:
+    """Builds the rule once, which validates both fields, and returns the options as the JSON stores them."""
     rule = RULES.build(acceptance, acceptance_kwargs)
+    if isinstance(acceptance_kwargs, type(rule.config)):
+        return acceptance_kwargs.to_dict()
+    return dict(acceptance_kwargs or {})
+
+
+def _store_default_acceptance(model: torch.nn.Module, acceptance: str, stored_kwargs: dict) -> None:
     model.generation_config.acceptance = acceptance
-    model.generation_config.acceptance_kwargs = (
-        acceptance_kwargs.to_dict() if isinstance(acceptance_kwargs, type(rule.config)) else dict(acceptance_kwargs or {})
-    )
+    model.generation_config.acceptance_kwargs = stored_kwargs
     mark_as_user_config(model.generation_config)
 
 
@@ -666,7 +675,7 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
     """
     _check_target(model)
     if acceptance is not None:
-        RULES.build(acceptance, acceptance_kwargs)
+        stored_kwargs = _validated_acceptance_kwargs(acceptance, acceptance_kwargs)
     elif acceptance_kwargs is not None:
         raise invalid_value(
             "acceptance_kwargs", acceptance_kwargs, "only together with `acceptance`", "also pass acceptance=..."
@@ -676,7 +685,7 @@ def attach(model: torch.nn.Module, *, acceptance: str | None = None, acceptance_
     if restored:
         logger.info("Restored %s from the saved generation config of %s", restored, model.name_or_path)
     if acceptance is not None:
-        set_default_acceptance(model, acceptance, acceptance_kwargs)
+        _store_default_acceptance(model, acceptance, stored_kwargs)
     elif is_derived_from_model_config(model.generation_config) and any(
         getattr(model.generation_config, f, None) is not None for f in SEMSPEC_GENERATION_FIELDS
     ):

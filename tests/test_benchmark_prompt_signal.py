@@ -118,3 +118,17 @@ def test_splice_of_a_prompt_without_a_method_names_both():
     values = {LONG: {"p": 4.0}, SHORT: {"p": 2.0}}
     with pytest.raises(ValueError, match="prompt p has no semspec:fly/tapout"):
         prompt_signal.splice(values, {"p": "math"}, {"p": 0.6}, 0.4, LONG, TAPOUT, [SHORT, LONG])
+
+
+def test_two_runs_of_one_file_name_are_refused_before_any_model_loads(tmp_path, monkeypatch, capsys):
+    # Runs are keyed by file name: the second would have replaced the first and its prompts gone uncounted.
+    paths = []
+    for folder in ("first", "second"):
+        (tmp_path / folder).mkdir()
+        paths.append(tmp_path / folder / "sweep.json")
+        paths[-1].write_text("{}", encoding="utf-8")
+    monkeypatch.setattr(prompt_signal, "load_pair", lambda *a, **k: pytest.fail("loaded models before the check"))
+    with pytest.raises(SystemExit) as exit_info:
+        prompt_signal.main([str(p) for p in paths])
+    assert exit_info.value.code == 2
+    assert "runs: two files named 'sweep.json'. Fix: give the runs distinct file names" in capsys.readouterr().err

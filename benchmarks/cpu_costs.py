@@ -134,10 +134,11 @@ def run_child(configuration: tuple[str, str, str | None], args: argparse.Namespa
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def report(measured: list[dict], args: argparse.Namespace) -> list[str]:
+def report(measured: list[dict], args: argparse.Namespace, flags: list[str]) -> list[str]:
+    """The Markdown of a run: `flags` are the CPU's (`cpu_flags()`, read once by `main` for the JSON too)."""
     capability = measured[0].get("torch_cpu_capability") if measured else None
     lines = [f"# CPU costs of the reference pair by dtype and MKL_CBWR: {args.threads} threads, {args.repeats} passes",
-             "", f"CPU flags: {', '.join(cpu_flags()) or 'unknown'}; kernels limited to: {args.isa}; torch's CPU "
+             "", f"CPU flags: {', '.join(flags) or 'unknown'}; kernels limited to: {args.isa}; torch's CPU "
              f"capability in the runs: {capability}.", "", f"Target forwards over a cache of {args.cached_tokens} prompt tokens; the draft's prefill of "
              f"{args.prefill_tokens} tokens into an empty cache. Medians; \"/ step\" is the ratio to the decode step "
              "(1 new token) of the same process.", ""]
@@ -187,12 +188,13 @@ def main(argv: list[str] | None = None) -> dict:
         entry = run_child(configuration, args)
         entry.update(role=configuration[0], dtype=configuration[1], mkl_cbwr=configuration[2])
         measured.append(entry)
+    flags = cpu_flags()
     summary = {"threads": args.threads, "repeats": args.repeats, "cached_tokens": args.cached_tokens,
-               "prefill_tokens": args.prefill_tokens, "isa": args.isa, "cpu_flags": cpu_flags(),
+               "prefill_tokens": args.prefill_tokens, "isa": args.isa, "cpu_flags": flags,
                "environment": ISA_LIMITS.get(args.isa, {}), "configurations": measured}
     RESULTS_DIR.mkdir(exist_ok=True)
     markdown.write_json(RESULTS_DIR / f"{args.name}.json", summary)
-    lines = report(measured, args)
+    lines = report(measured, args, flags)
     (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return summary

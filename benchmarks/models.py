@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from . import data
+
 PAIR_NAMES = ("qwen", "smollm2")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -68,8 +70,6 @@ def quick_profile_ids(encode: Callable[[str], dict], data_dir, tokens: int | Non
     at most 300 characters) chat-encoded by `encode` one after another and cut to `tokens`; with `tokens=None`, the
     first prompt alone (L = 51 with the reference tokenizer). `flag` names the option that asked, in the error when
     the prompts are too few."""
-    from benchmarks import data
-
     pool, _ = data.drop_long(data.load_question_prompts(Path(data_dir) / data.SPECBENCH_FILE, 64), 300)
     prompts = data.select_balanced(pool, 1, "shortest", 0)
     if tokens is None:

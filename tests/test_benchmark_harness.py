@@ -1456,7 +1456,8 @@ def test_cpu_costs_reports_each_forward_against_its_own_processes_decode_step():
               "forward_seconds": {"1": [0.5, 0.4, 0.6], "6": [0.8, 0.9, 0.7], "16": [1.1, 1.0, 1.2]}}
     draft = {"role": "draft", "dtype": "bfloat16", "mkl_cbwr": "AUTO", "prefill_seconds": [2.0, 3.0, 4.0],
              "entropy_seconds": [0.001, 0.001, 0.002], "forward_seconds": {"1": [0.1, 0.2, 0.1]}}
-    lines = cpu_costs.report([target, draft], args)
+    lines = cpu_costs.report([target, draft], args, ["avx2", "avx512f"])
+    assert "CPU flags: avx2, avx512f; kernels limited to: native; torch's CPU capability in the runs: None." in lines
     assert "| target | float32 | unset | 500 ms | 800 ms (1.60×) | 1100 ms (2.20×) | — | — |" in lines
     assert "| draft | bfloat16 | AUTO | 100 ms | — | — | 3000 ms | 1.00 ms (1.0%) |" in lines
     with pytest.raises(SystemExit):

@@ -1,0 +1,215 @@
+"""benchmarks/divergence.py: which logits row decided each token, the argmax contract of lossless greedy decoding, the
+figures at a flip (worked numbers), and the whole script on tiny models."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import perturbed_copy, tiny_llama
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
+    sys.path.insert(0, str(REPO_ROOT))
+
+import hf_semspec  # noqa: E402
+from benchmarks import divergence, methods, models  # noqa: E402
+from benchmarks.divergence import Forward  # noqa: E402
+
+
+def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:
+    return torch.nn.functional.one_hot(torch.tensor(tokens), vocab).float()
+
+
+def test_each_position_takes_the_row_of_the_last_forward_that_fed_its_kept_token():
+    # Prompt 5 6 7, then tokens 1 2 3 4. Prefill keeps only the last row (position 2, deciding 1). A verify forward
+    # feeds 1 and drafts 2 9 at positions 3..5; 9 is rejected and 3 emitted from position 4's row. The next forward
+    # feeds 3 4 at positions 5, 6.
+    sequence = [5, 6, 7, 1, 2, 3, 4]
+    forwards = [Forward(0, [5, 6, 7], one_hot_rows([1])),
+                Forward(3, [1, 2, 9], one_hot_rows([2, 3, 0])),
+                Forward(5, [3, 4], one_hot_rows([4, 6]))]
+    rows = divergence.rows_by_position(forwards, sequence)
+    assert sorted(rows) == [2, 3, 4, 5, 6]
+    assert [int(rows[p].argmax()) for p in (2, 3, 4, 5)] == [1, 2, 3, 4]  # not the row computed after the rejected 9
+    assert divergence.contract_breaches(sequence, 3, rows) == []
+    # A draft that happens to equal the kept token after a rejected one was computed over the wrong prefix: no row.
+    coincidence = [Forward(0, [5, 6, 7], one_hot_rows([1])), Forward(3, [1, 9, 3], one_hot_rows([2, 3, 4]))]
+    assert sorted(divergence.rows_by_position(coincidence, sequence)) == [2, 3]
+    # A position fed only with a token the sequence does not hold has no row: the recording is not of this sequence.
+    with pytest.raises(ValueError, match=r"no recorded forward computed logits at position 5, .* Fix: record"):
+        divergence.contract_breaches(sequence, 3, divergence.rows_by_position(forwards[:2], sequence))
+
+
+def test_a_token_that_is_not_the_first_argmax_breaches_the_contract():
+    sequence = [5, 1, 2]
+    tied = torch.tensor([0.0, 3.0, 3.0, 1.0])  # tokens 1 and 2 tie: argmax is the first, 1
+    rows = {0: tied, 1: tied}
+    assert divergence.contract_breaches(sequence, 1, rows) == [2]
+    assert divergence.contract_breaches([5, 1, 1], 1, rows) == []
+
+
+def test_dtype_step_is_the_spacing_of_the_dtype_at_the_value():
+    assert divergence.dtype_step(18.625, torch.bfloat16) == 0.125  # 2^4 · 2^-7
+    assert divergence.dtype_step(-18.625, torch.bfloat16) == 0.125
+    assert divergence.dtype_step(1.0, torch.float32) == 2.0 ** -23
+
+
+def test_a_flip_is_within_rounding_only_when_both_gaps_fit_in_the_paths_difference_on_other_tokens():
+    # The traced bf16 case (Spec-Bench 144): plain's step gives " which" 18.75 and " and" 18.625; the verify forward
+    # gives both 18.625, and its first index on the tie is " and". On another token the two rows differ by 0.25.
+    plain = torch.tensor([18.75, 18.625, 10.0, 5.0])
+    method = torch.tensor([18.625, 18.625, 10.25, 5.0])
+    figures = divergence.explain_flip(plain, method, 0, 1, torch.bfloat16)
+    assert figures["plain_logits"] == [18.75, 18.625] and figures["method_logits"] == [18.625, 18.625]
+    assert figures["gap_plain"] == 0.125 and figures["gap_method"] == 0.0
+    assert figures["max_difference"] == 0.25 and figures["dtype_step"] == 0.125
+    assert figures["within_rounding"]
+    # The rows agree on every other token: nothing but a and b moved, which rounding does not explain.
+    alone = divergence.explain_flip(torch.tensor([18.75, 18.625, 10.0]), torch.tensor([18.625, 18.75, 10.0]), 0, 1,
+                                    torch.bfloat16)
+    assert alone["max_difference"] == 0.0 and alone["gap_method"] == -0.125
+    assert not alone["within_rounding"]
+    # Plain's gap of 3 against differences of at most 0.5 elsewhere: decisive in plain's path.
+    decisive = divergence.explain_flip(torch.tensor([20.0, 17.0, 10.0]), torch.tensor([19.5, 19.6, 10.5]), 0, 1,
+                                       torch.bfloat16)
+    assert decisive["gap_plain"] == 3.0 and decisive["max_difference"] == 0.5
+    assert not decisive["within_rounding"]
+
+
+def test_first_difference():
+    assert divergence.first_difference([1, 2, 3], [1, 2, 4]) == 2
+    assert divergence.first_difference([1, 2, 3], [1, 2, 3]) is None
+
+
+def _method(name, rule="exact", draft_length="constant", gamma=3, draft="draft"):
+    return {"name": name, "kind": "semspec", "gamma": gamma, "rule": rule, "rule_kwargs": {},
+            "draft_length": draft_length, "draft_length_kwargs": {}, "draft": draft}
+
+
+def test_only_lossless_fixed_length_methods_of_the_draft_are_traced():
+    assert divergence.traceable(_method("semspec:exact/constant:3")) is None
+    assert divergence.traceable(_method("semspec:exact", draft_length=None)) is None
+    assert "not lossless" in divergence.traceable(_method("semspec:fly/constant:3", rule="fly"))
+    assert "learned earlier" in divergence.traceable(_method("semspec:exact/tapout", draft_length="tapout", gamma=None))
+    assert "pruned drafter" in divergence.traceable(_method("semspec:rdk/constant:3", rule="rdk", draft="pruned_draft"))
+    assert divergence.traceable({"name": "plain", "kind": "plain"}) == "not hf_semspec's loop"
+
+
+def tiny_pair(pair: str, **_options) -> models.ModelPair:
+    target = tiny_llama(seed=0)
+    draft = perturbed_copy(target, scale=0.3, seed=2)
+
+    def encode(text: str) -> dict:
+        ids = torch.tensor([[4 + ord(c) % 120 for c in text[:12]]])
+        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
+
+    return models.ModelPair(target, draft, encode, lambda ids: " ".join(str(i) for i in ids), "tiny-target",
+                            "tiny-draft", {"target_dtype": "float32", "draft_dtype": "float32"})
+
+
+@pytest.fixture
+def tiny():
+    pair = tiny_pair("tiny")
+    hf_semspec.attach(pair.target)
+    return pair, pair.encode("Write a poem about the sea.")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_exact_keeps_the_contract_on_tiny_models(tiny, dtype):
+    pair, inputs = tiny
+    pair.target.to(dtype)
+    pair.draft.to(dtype)
+    plain, plain_rows, plain_breaches = divergence.decode_and_record(methods.Method("plain", "plain"), pair, inputs,
+                                                                     24, [])
+    exact = divergence.run_method(_method("semspec:exact/constant:3"))
+    sequence, rows, breaches = divergence.decode_and_record(exact, pair, inputs, 24, [])
+    length = inputs["input_ids"].shape[1]
+    assert len(sequence) == len(plain) == length + 24
+    assert plain_breaches == [] and breaches == []  # in bf16 too, whatever the text
+    assert set(range(length - 1, len(sequence) - 1)) <= set(rows)
+    if dtype == torch.float32:
+        # The rows are the verify forwards' own: in fp32 they match plain's steps to rounding, and so does the text.
+        assert sequence == plain
+        assert all(torch.allclose(rows[p], plain_rows[p], atol=1e-4) for p in range(length - 1, len(sequence) - 1))
+
+
+def test_a_rule_that_keeps_non_argmax_drafts_breaches_the_contract(tiny):
+    # EARS at β = 1 keeps a greedy draft x̂ with p(x̂) > max(2·max p − 1, 0): any draft where the target is unsure. The
+    # unrelated draft proposes tokens the target does not rank first, and the check must catch them.
+    pair, inputs = tiny
+    pair.draft = tiny_llama(seed=1)
+    lenient = methods.Method("semspec:ears/constant:3", "semspec", gamma=3, rule="ears", rule_kwargs={"beta": 1.0},
+                             draft_length="constant")
+    sequence, _, breaches = divergence.decode_and_record(lenient, pair, inputs, 24, [])
+    assert breaches and all(inputs["input_ids"].shape[1] <= m < len(sequence) for m in breaches)
+
+
+def _run_file(tmp_path: Path, data_dir: Path) -> Path:
+    methods_described = [{"name": "plain", "kind": "plain", "gamma": None, "rule": None, "rule_kwargs": {},
+                          "draft_length": None, "draft_length_kwargs": {}, "draft": "draft"},
+                         _method("semspec:exact/constant:3"), _method("semspec:fly/constant:3", rule="fly"),
+                         _method("semspec:exact/tapout", draft_length="tapout", gamma=None)]
+
+    def record(method, text, identical):
+        return {"prompt_id": "specbench_question:1", "category": "writing", "method": method, "max_new_tokens": 12,
+                "text": text, "identical_to_plain": identical}
+
+    results = {"config": {"pair": "qwen", "sample": False, "prompts": None, "data_dir": str(data_dir)},
+               "models": {"target_dtype": "float32", "draft_dtype": "float32"}, "methods": methods_described,
+               "aggregates": {}, "records": [record("plain", "?", None),
+                                             record("semspec:exact/constant:3", "a text from another machine", False),
+                                             record("semspec:fly/constant:3", "?", False),
+                                             record("semspec:exact/tapout", "?", False)]}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(results))
+    return path
+
+
+def test_the_script_traces_what_it_can_and_names_what_it_cannot(tmp_path):
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    (data_dir / "specbench_question.jsonl").write_text(
+        json.dumps({"question_id": 1, "category": "writing", "turns": ["Write a poem about the sea."]}) + "\n")
+    run_file = _run_file(tmp_path, data_dir)
+    code = divergence.main([str(run_file), "--output-dir", str(tmp_path / "out"), "--name", "d"], load_pair=tiny_pair)
+    assert code == 0
+    saved = json.loads((tmp_path / "out" / "d.json").read_text())
+    [traced] = saved["traced"]
+    # The tiny fp32 models give exact plain's text again, which is not the text the run file says: not reproduced.
+    assert traced["method"] == "semspec:exact/constant:3" and traced["first_difference"] is None
+    assert traced["reproduced"] is False and traced["breaches"] == [] and traced["tokens_checked"] == 12
+    assert {s["method"]: s["reason"].split(":")[0] for s in saved["not_traced"]} == {
+        "semspec:fly/constant:3": "rule 'fly' is not lossless",
+        "semspec:exact/tapout": "draft length 'tapout' depends on what the policy learned earlier in the run"}
+    text = (tmp_path / "out" / "d.md").read_text()
+    assert "| writing | `semspec:exact/constant:3` | no | 12 of 12 | none (same text now) |" in text
+    assert "Every generated token traced is the argmax of the forward that decided it." in text
+
+
+def must_not_load(*args, **kwargs):
+    raise AssertionError("models were loaded before the run was checked")
+
+
+def test_the_script_refuses_a_sampled_run_before_loading_models(tmp_path, capsys):
+    run_file = _run_file(tmp_path, tmp_path)
+    results = json.loads(run_file.read_text())
+    results["config"]["sample"] = True
+    run_file.write_text(json.dumps(results))
+    with pytest.raises(SystemExit) as exit_info:
+        divergence.main([str(run_file)], load_pair=must_not_load)
+    assert exit_info.value.code == 2
+    assert "it sampled (--sample)" in capsys.readouterr().err
+
+
+def test_the_script_refuses_prompts_missing_from_the_data_before_loading_models(tmp_path, capsys):
+    (tmp_path / "specbench_question.jsonl").write_text(
+        json.dumps({"question_id": 2, "category": "qa", "turns": ["Who?"]}) + "\n")
+    with pytest.raises(SystemExit) as exit_info:
+        divergence.main([str(_run_file(tmp_path, tmp_path))], load_pair=must_not_load)
+    assert exit_info.value.code == 2
+    assert "1 prompt(s) to trace are not in its data (e.g. ['specbench_question:1']). Fix: pass the run's data " \
+        "folder with --data-dir." in " ".join(capsys.readouterr().err.split())

@@ -12,6 +12,7 @@ import torch
 import transformers
 
 import hf_semspec
+from hf_semspec.rules import RULES
 
 from . import markdown, metrics, resolution
 from .data import REPO_ROOT
@@ -169,6 +170,7 @@ def render_markdown(results: dict) -> str:
          "acceptance", "identical", "GSM8K acc. (n)"],
         rows,
     )
+    lines += _lossless_differences(results)
     lines += _over_anchor_tables(results)
     lines += ["", "## Per category: τ / median speed-up vs plain", ""]
     rows = []
@@ -209,6 +211,23 @@ def render_markdown(results: dict) -> str:
         lines += markdown.table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
                          "source"], rows)
     return "\n".join(lines) + "\n"
+
+
+def _lossless_differences(results: dict) -> list[str]:
+    """A note under the overall table when greedy decoding with a lossless rule did not always give plain's text:
+    which methods, and the script that traces why (near-ties rounded differently, or a broken rule)."""
+    if results["config"]["sample"]:
+        return []
+    lossless = [m["name"] for m in results["methods"] if m["rule"] in hf_semspec.available_rules()
+                and RULES.get(m["rule"]).lossless]
+    identical = {m: results["aggregates"]["overall"][m]["identical_to_plain"] for m in lossless}
+    differing = [f"`{m}` {value:.2f}" for m, value in identical.items() if value is not None and value < 1]
+    if not differing:
+        return []
+    return ["", "Lossless rules whose greedy text was not always plain's (share identical): "
+            f"{', '.join(differing)}. `python -m benchmarks.divergence` on this results JSON traces each "
+            "fixed-length one: whether the target's two best tokens were near-tied and the verify forward rounded them "
+            "otherwise (bf16), or the rule broke."]
 
 
 def _over_anchor_tables(results: dict) -> list[str]:

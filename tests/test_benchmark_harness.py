@@ -713,6 +713,21 @@ def test_report_renders_every_method(tiny_run):
         assert f"| `{method['name']}` |" in overall
 
 
+def test_report_points_at_the_divergence_script_where_a_lossless_rule_left_plains_text(tiny_run):
+    results, _ = tiny_run
+    note = "Lossless rules whose greedy text was not always plain's"
+    assert results["aggregates"]["overall"]["semspec:exact"]["identical_to_plain"] == 1.0
+    assert note not in report.render_markdown(results)
+    overall = {name: dict(summary) for name, summary in results["aggregates"]["overall"].items()}
+    overall["semspec:exact"]["identical_to_plain"] = 0.8
+    overall["semspec:fly"]["identical_to_plain"] = 0.5  # lossy: differing is its design, not worth a note
+    differing = {**results, "aggregates": {**results["aggregates"], "overall": overall}}
+    text = report.render_markdown(differing)
+    assert f"{note} (share identical): `semspec:exact` 0.80. `python -m benchmarks.divergence`" in text
+    sampled = {**differing, "config": {**differing["config"], "sample": True}}
+    assert note not in report.render_markdown(sampled)
+
+
 def test_report_names_the_pruned_drafter_the_rdk_rows_used(tiny_run):
     results, _ = tiny_run
     assert "(`rdk`) ran with" not in report.render_markdown(results)

@@ -398,6 +398,20 @@ def test_push_to_hub_uploads_weights_tokenizer_custom_generate_and_card(tmp_path
     assert torch.equal(loaded(input_ids=prompt(5)).logits, drafter(input_ids=prompt(5)).logits)
 
 
+def test_push_to_hub_compares_the_head_with_the_embedding_once_for_the_card_and_the_files(tmp_path, tokenizer,
+                                                                                          monkeypatch):
+    drafter = prune_vocabulary(tiny_llama(seed=3, tie_word_embeddings=True), tokenizer, ["dog cat sat on a mat"],
+                               keep=0.5)
+    compare = drafter._head_is_embedding
+    calls = []
+    monkeypatch.setattr(drafter, "_head_is_embedding", lambda: calls.append(1) or compare())
+    api = RecordingApi(tmp_path / "uploaded")
+    drafter.push_to_hub("someone/tiny-tied", api=api)
+    assert len(calls) == 1  # it compares every kept embedding row: once, and both outputs use the answer
+    assert json.loads((api.keep_dir / "pruning_config.json").read_text())["tied_head"] is True
+    assert "tied to the input embedding: only the kept ids are stored" in ModelCard.load(api.keep_dir / "README.md").text
+
+
 def test_push_to_hub_rejects_a_bad_repo_id(draft_model, tokenizer, tmp_path):
     drafter = prune_vocabulary(draft_model, tokenizer, keep_ids=[10])
     api = RecordingApi(tmp_path / "never")

@@ -235,6 +235,11 @@ class PrunedVocabDrafter(torch.nn.Module):
 
         `tokenizer` defaults to the drafter's own (`self.tokenizer`, set by `prune_vocabulary`/`from_pretrained`).
         """
+        return self._save(save_directory, tokenizer, self._head_is_embedding())
+
+    def _save(self, save_directory: str | os.PathLike, tokenizer: Any, head_is_embedding: bool) -> list[str]:
+        """`save_pretrained` with `_head_is_embedding()` already known (`push_to_hub` needs it for the card too, and
+        it compares the whole kept embedding)."""
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         remote = [type(obj).__module__ for obj in (self.config, self.model, tokenizer)
                   if type(obj).__module__.startswith(TRANSFORMERS_DYNAMIC_MODULE_NAME)]
@@ -262,7 +267,6 @@ class PrunedVocabDrafter(torch.nn.Module):
         prefix = f"{self.base_model_prefix}." if self.base_model_prefix else ""
         backbone = _without_shared_storage({prefix + k: v for k, v in self.model.state_dict().items()})
         save_file(backbone, folder / BACKBONE_WEIGHTS_NAME, metadata={"format": "pt"})
-        head_is_embedding = self._head_is_embedding()
         save_file(self._head_tensors(head_is_embedding), folder / HEAD_WEIGHTS_NAME, metadata={"format": "pt"})
         info = dict(self.pruning_info)
         info.update(
@@ -424,11 +428,12 @@ class PrunedVocabDrafter(torch.nn.Module):
 
     def model_card(self, license: str | None = None, repo_id: str | None = None):
         """The README of this drafter as a validated `huggingface_hub.ModelCard` (see `cards.pruned_drafter_card`)."""
+        return self._model_card(self._head_is_embedding(), license, repo_id)
+
+    def _model_card(self, head_is_embedding: bool, license: str | None, repo_id: str | None):
         from .cards import pruned_drafter_card
 
-        info = dict(
-            self.pruning_info, keep_size=self.num_kept, vocab_size=self.vocab_size, tied_head=self._head_is_embedding()
-        )
+        info = dict(self.pruning_info, keep_size=self.num_kept, vocab_size=self.vocab_size, tied_head=head_is_embedding)
         return pruned_drafter_card(info, license=license, repo_id=repo_id)
 
     def push_to_hub(
@@ -465,11 +470,12 @@ class PrunedVocabDrafter(torch.nn.Module):
             raise invalid_value(
                 "repo_id", repo_id, "a Hub repo id 'owner/name'", 'pass e.g. "your-name/qwen-0.5b-pruned32k"'
             )
-        card = self.model_card(license=license, repo_id=repo_id)
+        head_is_embedding = self._head_is_embedding()
+        card = self._model_card(head_is_embedding, license, repo_id)
         api = api if api is not None else HfApi(token=token)
         with tempfile.TemporaryDirectory(prefix="hf_semspec_push_") as tmp:
             folder = pathlib.Path(tmp)
-            self.save_pretrained(folder, tokenizer=tokenizer)
+            self._save(folder, tokenizer, head_is_embedding)
             copy_custom_generate(folder / "custom_generate")
             card.save(folder / "README.md")
             api.create_repo(repo_id=repo_id, token=token, private=private, repo_type="model", exist_ok=True)

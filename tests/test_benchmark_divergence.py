@@ -9,15 +9,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import perturbed_copy, tiny_llama
+from conftest import tiny_llama
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
     sys.path.insert(0, str(REPO_ROOT))
 
 import hf_semspec  # noqa: E402
-from benchmarks import divergence, methods, models  # noqa: E402
+from benchmarks import divergence, methods  # noqa: E402
 from benchmarks.divergence import Forward  # noqa: E402
+from test_benchmark_harness import tiny_pair  # noqa: E402  (tiny Llamas and a fake tokenizer)
 
 
 def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:
@@ -97,18 +98,6 @@ def test_only_lossless_fixed_length_methods_of_the_draft_are_traced():
     assert "learned earlier" in divergence.traceable(_method("semspec:exact/tapout", draft_length="tapout", gamma=None))
     assert "pruned drafter" in divergence.traceable(_method("semspec:rdk/constant:3", rule="rdk", draft="pruned_draft"))
     assert divergence.traceable({"name": "plain", "kind": "plain"}) == "not hf_semspec's loop"
-
-
-def tiny_pair(pair: str, **_options) -> models.ModelPair:
-    target = tiny_llama(seed=0)
-    draft = perturbed_copy(target, scale=0.3, seed=2)
-
-    def encode(text: str) -> dict:
-        ids = torch.tensor([[4 + ord(c) % 120 for c in text[:12]]])
-        return {"input_ids": ids, "attention_mask": torch.ones_like(ids)}
-
-    return models.ModelPair(target, draft, encode, lambda ids: " ".join(str(i) for i in ids), "tiny-target",
-                            "tiny-draft", {"target_dtype": "float32", "draft_dtype": "float32"})
 
 
 @pytest.fixture

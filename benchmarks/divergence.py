@@ -1,7 +1,6 @@
 """Where and why a lossless rule's greedy text left plain decoding's: the first differing token, traced.
 
-    python -m benchmarks.divergence benchmarks/results/draft-length-exact-bf16-target-avx512.json \\
-        --name divergence-exact-bf16-target-avx512
+    python -m benchmarks.divergence benchmarks/results/draft-length-exact-bf16-target-avx512.json
 
 Greedy decoding with a lossless rule (`exact`, `rdk`) emits the target's argmax at every position, so its text is plain
 decoding's up to the numerics: its logits come from verify forwards over several tokens, on a cache filled several
@@ -15,15 +14,16 @@ records every target forward through forward hooks (public `nn.Module` API), and
 
 - `reproduced`: whether both texts came out as in the run (the forwards are deterministic on one machine and build);
 - the contract, on every generated token: token m is the argmax (first index on ties) of the target's logits at
-  position m − 1 in the forward that last fed that position, i.e. the verify forward that decided it. A token that is
-  not is a bug in the rule: the script says so and exits with 1;
+  position m − 1 in the last forward that fed the kept tokens up to there, i.e. the verify forward that decided it. A
+  token that is not is a bug in the rule: the script says so and exits with 1;
 - at the first differing token j, the two paths' logits for plain's token a and the method's token b: the gaps
   g = z(a) − z(b) in each path, the largest difference D between the two paths' logits over the rest of the
   vocabulary (every token but a and b), and the dtype's step at the top logit. `within rounding`: |g| ≤ D in both
   paths, i.e. the two forwards disagree on other tokens by as much as the flip needs, so nothing singles out a or b.
 
-Records of learning policies (`tapout`, `cost_aware`, ...) are listed as not traced: their lengths depend on what
-they learned earlier in the run, and on its timings. Written to `benchmarks/results/<name>.json` and `.md`.
+Records of policies other than a fixed length (`tapout`, `cost_aware`, `heuristic`, ...) are listed as not traced: the
+run kept one instance of each for all its prompts, so their lengths depend on what they learned earlier in the run (and
+on its timings). Written to `benchmarks/results/<name>.json` and `.md` (default name: `divergence-<run's name>`).
 """
 
 from __future__ import annotations

@@ -314,10 +314,12 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     if missing:
         parser.error(f"run {args.run}: {len(missing)} prompt(s) to trace are not in its data (e.g. {missing[:3]}). "
                      "Fix: pass the run's data folder with --data-dir.")
-    pair = load_pair(config["pair"], cache_dir=args.cache_dir, target_dtype=results["models"]["target_dtype"],
-                     draft_dtype=results["models"]["draft_dtype"])
-    hf_semspec.attach(pair.target)
-    traced = trace(results, records, pair, prompts)
+    traced = []
+    if records:  # nothing to decode again: no models to load (a minute for the reference pair)
+        pair = load_pair(config["pair"], cache_dir=args.cache_dir, target_dtype=results["models"]["target_dtype"],
+                         draft_dtype=results["models"]["draft_dtype"])
+        hf_semspec.attach(pair.target)
+        traced = trace(results, records, pair, prompts)
     lines = report_lines(args.run.name, results["models"]["target_dtype"], traced, skipped)
     markdown.write_summary(args.output_dir, args.name or f"divergence-{args.run.stem}", "\n".join(lines) + "\n",
                            {"run": str(args.run), "torch": torch.__version__, "traced": traced, "not_traced": skipped})

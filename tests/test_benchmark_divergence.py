@@ -202,3 +202,16 @@ def test_the_script_refuses_prompts_missing_from_the_data_before_loading_models(
     assert exit_info.value.code == 2
     assert "1 prompt(s) to trace are not in its data (e.g. ['specbench_question:1']). Fix: pass the run's data " \
         "folder with --data-dir." in " ".join(capsys.readouterr().err.split())
+
+
+def test_a_run_with_nothing_to_trace_is_reported_without_loading_models(tmp_path):
+    run_file = _run_file(tmp_path, tmp_path)
+    results = json.loads(run_file.read_text())
+    for record in results["records"]:
+        record["identical_to_plain"] = None if record["method"] == "plain" else True
+    run_file.write_text(json.dumps(results))
+    (tmp_path / "specbench_question.jsonl").write_text("")
+    assert divergence.main([str(run_file), "--output-dir", str(tmp_path / "out")], load_pair=must_not_load) == 0
+    text = (tmp_path / "out" / "divergence-run.md").read_text()
+    assert "No greedy record of a lossless rule at a fixed draft length differs from plain's." in text
+    assert "Not traced" not in text and "argmax of the forward" not in text

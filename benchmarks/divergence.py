@@ -160,7 +160,7 @@ def traceable(method: dict) -> str | None:
     and a fixed length."""
     if method["kind"] != "semspec":
         return "not hf_semspec's loop"
-    if method["rule"] not in RULES or not RULES.get(method["rule"]).lossless:
+    if not methods.has_lossless_rule(method):
         return f"rule {method['rule']!r} is not lossless: its text may differ from plain's by design"
     if method.get("draft") == "pruned_draft":
         return "runs with a pruned drafter, which this script does not load"

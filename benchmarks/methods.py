@@ -160,6 +160,12 @@ def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
     return specs
 
 
+def has_lossless_rule(described: dict) -> bool:
+    """Whether a method as a results file describes it (`Method.describe`) decodes with a registered lossless rule, so
+    that its greedy text should be plain's."""
+    return described["rule"] in RULES and RULES.get(described["rule"]).lossless
+
+
 def rule_skip_reason(rule: AcceptanceRule, draft: torch.nn.Module, do_sample: bool) -> str | None:
     """Why a registered rule cannot run with this draft and decoding mode, from what the rule declares; None if it can.
 

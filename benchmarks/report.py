@@ -12,9 +12,9 @@ import torch
 import transformers
 
 import hf_semspec
-from hf_semspec.rules import RULES
 
 from . import markdown, metrics, resolution
+from . import methods as methods_lib
 from .data import REPO_ROOT
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -218,8 +218,7 @@ def _lossless_differences(results: dict) -> list[str]:
     which methods, and the script that traces why (near-ties rounded differently, or a broken rule)."""
     if results["config"]["sample"]:
         return []
-    lossless = [m["name"] for m in results["methods"] if m["rule"] in hf_semspec.available_rules()
-                and RULES.get(m["rule"]).lossless]
+    lossless = [m["name"] for m in results["methods"] if methods_lib.has_lossless_rule(m)]
     identical = {m: results["aggregates"]["overall"][m]["identical_to_plain"] for m in lossless}
     differing = [f"`{m}` {value:.2f}" for m, value in identical.items() if value is not None and value < 1]
     if not differing:

@@ -106,6 +106,11 @@ def load_gsm8k(path: str | Path, count: int, max_new_tokens: int, selection: str
         indices = sorted(sorted(range(len(records)), key=lambda i: (len(records[i]["answer"]), i))[:count])
     else:
         raise ValueError(f"unknown GSM8K selection {selection!r}: use first or shortest")
+    return gsm8k_prompts(records, indices, max_new_tokens)
+
+
+def gsm8k_prompts(records: list[dict], indices: list[int], max_new_tokens: int) -> list[Prompt]:
+    """The prompts of the GSM8K test `records` (as read from the file) at `indices`, ids `gsm8k:<index>`."""
     return [
         Prompt(
             prompt_id=f"gsm8k:{index}",

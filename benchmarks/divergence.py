@@ -197,8 +197,8 @@ def prompts_of(config: dict, data_dir: Path) -> dict[str, data.Prompt]:
     pool = {p.prompt_id: p for p in data.load_question_prompts(source, 0)}
     gsm8k_path = data_dir / data.GSM8K_FILE
     if gsm8k_path.exists():
-        problems = data.load_gsm8k(gsm8k_path, len(data.read_jsonl(gsm8k_path)), 0)
-        pool.update({p.prompt_id: p for p in problems})
+        records = data.read_jsonl(gsm8k_path)
+        pool.update({p.prompt_id: p for p in data.gsm8k_prompts(records, list(range(len(records))), 0)})
     return pool
 
 

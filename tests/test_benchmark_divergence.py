@@ -16,9 +16,9 @@ if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed
     sys.path.insert(0, str(REPO_ROOT))
 
 import hf_semspec  # noqa: E402
-from benchmarks import divergence, methods  # noqa: E402
+from benchmarks import data, divergence, methods  # noqa: E402
 from benchmarks.divergence import Forward  # noqa: E402
-from test_benchmark_harness import tiny_pair  # noqa: E402  (tiny Llamas and a fake tokenizer)
+from test_benchmark_harness import tiny_pair, write_tiny_data  # noqa: E402  (tiny Llamas and a fake tokenizer)
 
 
 def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:
@@ -181,6 +181,16 @@ def test_the_script_traces_what_it_can_and_names_what_it_cannot(tmp_path):
 
 def must_not_load(*args, **kwargs):
     raise AssertionError("models were loaded before the run was checked")
+
+
+def test_the_prompt_pool_holds_every_spec_bench_and_gsm8k_prompt_as_the_run_built_it(tmp_path):
+    write_tiny_data(tmp_path)
+    pool = divergence.prompts_of({"prompts": None}, tmp_path)
+    assert sorted(pool) == ["gsm8k:0", "gsm8k:1"] + [f"specbench_question:{i}" for i in (1, 2, 3, 4)]
+    for problem in data.load_gsm8k(tmp_path / data.GSM8K_FILE, 2, 0):
+        assert pool[problem.prompt_id] == problem
+    for question in data.load_question_prompts(tmp_path / data.SPECBENCH_FILE, 0):
+        assert pool[question.prompt_id] == question
 
 
 def test_the_script_refuses_a_sampled_run_before_loading_models(tmp_path, capsys):

@@ -18,7 +18,7 @@ if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed
 import hf_semspec  # noqa: E402
 from benchmarks import data, divergence, methods  # noqa: E402
 from benchmarks.divergence import Forward  # noqa: E402
-from test_benchmark_harness import tiny_pair, write_tiny_data  # noqa: E402  (tiny Llamas, a fake tokenizer, tiny data files)
+from test_benchmark_harness import tiny_pair, write_tiny_data  # noqa: E402  (tiny models, fake tokenizer, data)
 
 
 def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:

@@ -254,6 +254,11 @@ def trace(results: dict, records: list[dict], pair: models.ModelPair, prompts: d
     return traced
 
 
+def broke_contract(traced_row: dict) -> bool:
+    """Whether a `trace` row found a token, in the method's decoding or plain's, that its forward did not rank first."""
+    return bool(traced_row["breaches"] or traced_row["plain_breaches"])
+
+
 def report_lines(results_name: str, dtype: str, traced: list[dict], skipped: list[dict]) -> list[str]:
     lines = [f"# Greedy texts of lossless rules that left plain's, traced: `{results_name}`", "",
              f"Target dtype {dtype}. *contract*: generated tokens that are the argmax of the logits of the forward "
@@ -282,9 +287,9 @@ def report_lines(results_name: str, dtype: str, traced: list[dict], skipped: lis
     if skipped:
         lines += ["", "Not traced:", ""]
         lines += [f"- `{s['method']}` on {s['prompt_id']}: {s['reason']}" for s in skipped]
-    breached = [r for r in traced if r["breaches"] or r["plain_breaches"]]
     if not traced:
         return lines
+    breached = [r for r in traced if broke_contract(r)]
     lines += ["", (f"**The contract broke** in {len(breached)} generation(s): a rule emitted a token that is not its "
                    "forward's argmax." if breached else
                    "Every generated token traced is the argmax of the forward that decided it.")]
@@ -323,7 +328,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     lines = report_lines(args.run.name, results["models"]["target_dtype"], traced, skipped)
     markdown.write_summary(args.output_dir, args.name or f"divergence-{args.run.stem}", "\n".join(lines) + "\n",
                            {"run": str(args.run), "torch": torch.__version__, "traced": traced, "not_traced": skipped})
-    return 1 if any(r["breaches"] or r["plain_breaches"] for r in traced) else 0
+    return 1 if any(broke_contract(r) for r in traced) else 0
 
 
 if __name__ == "__main__":

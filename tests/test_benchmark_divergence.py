@@ -86,6 +86,20 @@ def test_first_difference():
     assert divergence.first_difference([1, 2, 3], [1, 2, 3]) is None
 
 
+def test_the_report_says_the_contract_broke_when_either_path_emitted_a_token_its_forward_did_not_rank_first():
+    def row(breaches, plain_breaches):
+        return {"category": "qa", "method": "semspec:exact/constant:3", "reproduced": True, "tokens_checked": 8,
+                "breaches": breaches, "plain_breaches": plain_breaches, "first_difference": None}
+
+    kept = [row([], [])]
+    assert not divergence.broke_contract(kept[0])
+    assert "Every generated token traced is the argmax" in "\n".join(divergence.report_lines("r", "bfloat16", kept, []))
+    for broken in (row([3], []), row([], [5])):
+        assert divergence.broke_contract(broken)
+        text = "\n".join(divergence.report_lines("r", "bfloat16", kept + [broken], []))
+        assert "**The contract broke** in 1 generation(s)" in text and "Every generated token" not in text
+
+
 def _method(name, rule="exact", draft_length="constant", gamma=3, draft="draft"):
     return {"name": name, "kind": "semspec", "gamma": gamma, "rule": rule, "rule_kwargs": {},
             "draft_length": draft_length, "draft_length_kwargs": {}, "draft": draft}

@@ -8,11 +8,12 @@ tokens at a time, plain decoding's from one-token steps. The two round different
 target's two best tokens are that close the argmax can flip. A run's `identical_to_plain` says *that* a text differs;
 this says whether rounding explains it or the rule broke its contract.
 
-For each greedy record of a lossless rule at a fixed draft length (`constant:k`, or a plain γ) whose text differs from
-plain's in the run, it decodes the prompt again with plain and with the method (the run's models, dtypes and options),
-records every target forward through forward hooks (public `nn.Module` API), and reports:
+For each greedy record of a lossless rule whose text differs from plain's in the run, it decodes the prompt again with
+plain and with the method (the run's models, dtypes and options), records every target forward through forward hooks
+(public `nn.Module` API), and reports:
 
-- `reproduced`: whether both texts came out as in the run (the forwards are deterministic on one machine and build);
+- `reproduced`: whether both texts came out as in the run (the forwards are deterministic on one machine and build),
+  and the method's rounds drafted the lengths the run's did;
 - the contract, on every generated token: token m is the argmax (first index on ties) of the target's logits at
   position m − 1 in the last forward that fed the kept tokens up to there, i.e. the verify forward that decided it. A
   token that is not is a bug in the rule: the script says so and exits with 1;
@@ -21,9 +22,11 @@ records every target forward through forward hooks (public `nn.Module` API), and
   vocabulary (every token but a and b), and the dtype's step at the top logit. `within rounding`: |g| ≤ D in both
   paths, i.e. the two forwards disagree on other tokens by as much as the flip needs, so nothing singles out a or b.
 
-Records of policies other than a fixed length (`tapout`, `cost_aware`, `heuristic`, ...) are listed as not traced: the
-run kept one instance of each for all its prompts, so their lengths depend on what they learned earlier in the run (and
-on its timings). Written to `benchmarks/results/<name>.json` and `.md` (default name: `divergence-<run's name>`).
+The method decodes again with the round lengths its record kept (`acceptance_stats.drafted_per_round`, played back by
+`RecordedLengths`), so a policy that learned (`tapout`, `cost_aware`, `heuristic`, ...) drafts what it drafted in the
+run, although what it chose came from the run's earlier prompts and timings. A record without them (a run from before
+the stats kept rounds) decodes again only at a fixed length (`constant:k`, or a plain γ); those of other policies are
+listed as not traced. Written to `benchmarks/results/<name>.json` and `.md` (default name: `divergence-<run's name>`).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 import hf_semspec  # noqa: E402
+from hf_semspec.draft_length import DraftLengthConfig, DraftLengthPolicy  # noqa: E402
 from hf_semspec.rules import RULES  # noqa: E402
 
 from . import data, markdown, methods, metrics, models  # noqa: E402
@@ -155,40 +159,78 @@ def first_difference(a: list[int], b: list[int]) -> int | None:
     return next((index for index, (x, y) in enumerate(zip(a, b)) if x != y), None)
 
 
-def traceable(method: dict) -> str | None:
-    """Why a run's method cannot be traced, or None: it must be hf_semspec's, with a lossless rule, the run's draft,
-    and a fixed length."""
+@dataclass
+class RecordedLengthsConfig(DraftLengthConfig):
+    component_name = "recorded_lengths"
+
+
+class RecordedLengths(DraftLengthPolicy):
+    """Plays back a generation's round lengths (`AcceptanceStats.drafted_per_round`): round r's budget is the
+    number of tokens round r drafted in the run, then 0 (one-token steps) if the decoding runs past them. Not
+    registered: built here, passed to `generate()` as an instance."""
+
+    name = "recorded_lengths"
+    config_class = RecordedLengthsConfig
+
+    def __init__(self, lengths: list[int]):
+        super().__init__()
+        self.lengths = list(lengths)
+        self.rounds = 0
+
+    def max_tokens(self) -> int:
+        return self.lengths[self.rounds] if self.rounds < len(self.lengths) else 0
+
+    def observe(self, outcome) -> None:
+        self.rounds += 1
+
+
+def recorded_lengths(record: dict) -> list[int] | None:
+    """The round lengths a record's generation drafted, or None where its run did not keep them."""
+    stats = record.get("acceptance_stats") or {}
+    return stats.get("drafted_per_round")
+
+
+def traceable(method: dict, record: dict) -> str | None:
+    """Why a run's record cannot be traced, or None: it must be of hf_semspec's loop, with a lossless rule and the
+    run's draft, and either keep its round lengths or have drafted at a fixed length."""
     if method["kind"] != "semspec":
         return "not hf_semspec's loop"
     if not methods.has_lossless_rule(method):
         return f"rule {method['rule']!r} is not lossless: its text may differ from plain's by design"
     if method.get("draft") == "pruned_draft":
         return "runs with a pruned drafter, which this script does not load"
-    if method["draft_length"] not in FIXED_LENGTH_POLICIES:
-        return f"draft length {method['draft_length']!r} depends on what the policy learned earlier in the run"
+    if recorded_lengths(record) is None and method["draft_length"] not in FIXED_LENGTH_POLICIES:
+        return (f"draft length {method['draft_length']!r} depends on what the policy learned earlier in the run, and "
+                "the run did not keep its round lengths")
     return None
 
 
-def run_method(described: dict) -> methods.Method:
-    """The run's fixed-length method, rebuilt as `run.py` built it."""
+def run_method(described: dict, record: dict) -> methods.Method:
+    """The record's method, rebuilt as `run.py` built it, drafting the record's round lengths where it kept them."""
     rule = RULES.get(described["rule"])
-    policy = methods.build_policy("constant", described["gamma"], rule.default_num_draft_tokens,
-                                  described["draft_length_kwargs"])
+    lengths = recorded_lengths(record)
+    if lengths is not None:
+        policy = RecordedLengths(lengths)
+    else:
+        policy = methods.build_policy("constant", described["gamma"], rule.default_num_draft_tokens,
+                                      described["draft_length_kwargs"])
     return methods.Method(described["name"], "semspec", gamma=described["gamma"], rule=described["rule"],
-                          rule_kwargs=described["rule_kwargs"], draft_length="constant", policy=policy)
+                          rule_kwargs=described["rule_kwargs"], draft_length=policy.name, policy=policy)
 
 
 def decode_and_record(method: methods.Method, pair: models.ModelPair, inputs: dict, max_new_tokens: int,
-                      eos_ids: list[int]) -> tuple[list[int], dict[int, torch.Tensor], list[int]]:
+                      eos_ids: list[int]) -> tuple[list[int], dict[int, torch.Tensor], list[int], list[int] | None]:
     """Greedy decoding of `method` on `inputs`: (the whole sequence, the logits row deciding each position, the
-    contract's breaches)."""
+    contract's breaches, the tokens each round drafted; None for plain decoding)."""
     with ForwardRecorder(pair.target) as recorder, torch.no_grad():
         out = methods.generate(method, pair, inputs, max_new_tokens, do_sample=False)
     prompt_length = inputs["input_ids"].shape[1]
     sequence = out.sequences[0, : prompt_length + len(metrics.new_token_ids(out.sequences, prompt_length, eos_ids))]
     sequence = sequence.tolist()
     rows = rows_by_position(recorder.forwards, sequence)
-    return sequence, rows, contract_breaches(sequence, prompt_length, rows)
+    stats = getattr(out, "acceptance_stats", None)
+    rounds = None if stats is None else stats.drafted_per_round
+    return sequence, rows, contract_breaches(sequence, prompt_length, rows), rounds
 
 
 def prompts_of(config: dict, data_dir: Path) -> dict[str, data.Prompt]:
@@ -210,7 +252,7 @@ def records_to_trace(results: dict) -> tuple[list[dict], list[dict]]:
     for record in results["records"]:
         if record.get("identical_to_plain") is not False:
             continue
-        reason = traceable(described[record["method"]])
+        reason = traceable(described[record["method"]], record)
         if reason is None:
             to_trace.append(record)
         else:
@@ -226,7 +268,7 @@ def trace(results: dict, records: list[dict], pair: models.ModelPair, prompts: d
     dtype = pair.target.dtype
     eos_ids = metrics.eos_ids_of(pair.target)
     plain_method = methods.Method(methods.PLAIN, "plain")
-    plain_runs: dict[str, tuple[list[int], dict, list[int]]] = {}
+    plain_runs: dict[str, tuple[list[int], dict, list[int], None]] = {}
     traced = []
     for record in records:
         prompt = prompts[record["prompt_id"]]
@@ -235,13 +277,16 @@ def trace(results: dict, records: list[dict], pair: models.ModelPair, prompts: d
         if prompt.prompt_id not in plain_runs:
             plain_runs[prompt.prompt_id] = decode_and_record(plain_method, pair, inputs, record["max_new_tokens"],
                                                              eos_ids)
-        plain_sequence, plain_rows, plain_breaches = plain_runs[prompt.prompt_id]
-        sequence, rows, breaches = decode_and_record(run_method(described[record["method"]]), pair, inputs,
-                                                     record["max_new_tokens"], eos_ids)
+        plain_sequence, plain_rows, plain_breaches, _ = plain_runs[prompt.prompt_id]
+        sequence, rows, breaches, rounds = decode_and_record(run_method(described[record["method"]], record), pair,
+                                                             inputs, record["max_new_tokens"], eos_ids)
         j = first_difference(plain_sequence, sequence)
+        expected_rounds = recorded_lengths(record)
         row = {"prompt_id": record["prompt_id"], "category": record["category"], "method": record["method"],
+               "rounds": len(rounds), "rounds_replayed": expected_rounds is not None,
                "reproduced": (pair.decode(plain_sequence[length:]) == plain_text[record["prompt_id"]]
-                              and pair.decode(sequence[length:]) == record["text"]),
+                              and pair.decode(sequence[length:]) == record["text"]
+                              and (expected_rounds is None or rounds == expected_rounds)),
                "tokens_checked": len(sequence) - length, "breaches": [m - length for m in breaches],
                "plain_breaches": [m - length for m in plain_breaches], "first_difference": None}
         if j is not None:
@@ -261,7 +306,9 @@ def broke_contract(traced_row: dict) -> bool:
 
 def report_lines(results_name: str, dtype: str, traced: list[dict], skipped: list[dict]) -> list[str]:
     lines = [f"# Greedy texts of lossless rules that left plain's, traced: `{results_name}`", "",
-             f"Target dtype {dtype}. *contract*: generated tokens that are the argmax of the logits of the forward "
+             f"Target dtype {dtype}. *reproduced*: both texts came out as in the run, and the method's rounds drafted "
+             "the lengths its record kept (where it kept them: then any policy is traced, its lengths played back). "
+             "*contract*: generated tokens that are the argmax of the logits of the forward "
              "that decided them; *a / b*: plain's token and the method's at the first difference; *z*: their logits "
              "in plain's one-token step and in the method's verify forward; *D*: the largest difference between "
              "the two forwards' logits of the other tokens there, with the dtype's step at the top logit; *within "
@@ -283,7 +330,7 @@ def report_lines(results_name: str, dtype: str, traced: list[dict], skipped: lis
         lines += markdown.table(["category", "method", "reproduced", "contract", "first difference: a / b",
                                  "z plain (a / b)", "z method (a / b)", "D", "within rounding"], table)
     else:
-        lines += ["No greedy record of a lossless rule at a fixed draft length differs from plain's."]
+        lines += ["No greedy record of a lossless rule that can be traced differs from plain's."]
     if skipped:
         lines += ["", "Not traced:", ""]
         lines += [f"- `{s['method']}` on {s['prompt_id']}: {s['reason']}" for s in skipped]

@@ -25,6 +25,9 @@ import torch
 
 from hf_semspec.stats import AcceptanceStats
 
+# The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
+PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
+
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards
 # ---------------------------------------------------------------------------------------------------------------------
@@ -214,9 +217,16 @@ def add_per_prompt_ratios(records: list[dict], plain: str = "plain", stock: str 
 
 
 def acceptance_from_dict(d: dict) -> AcceptanceStats:
-    """Rebuilds `AcceptanceStats` from its `to_dict()` (counts only; the rates are derived)."""
+    """Rebuilds `AcceptanceStats` from its `to_dict()` (counts only; the rates are derived). Files written before the
+    stats kept each round (`drafted_per_round`, `accepted_per_round`) rebuild with those lists empty."""
     fields = AcceptanceStats.__dataclass_fields__
-    return AcceptanceStats(**{k: d[k] for k in fields})
+    return AcceptanceStats(**{k: d[k] for k in fields if k in d or k not in PER_ROUND_FIELDS})
+
+
+def pooled_acceptance(stats: AcceptanceStats) -> dict:
+    """`stats.to_dict()` without the per-round lists: a summary over prompts keeps the counts and rates (each record
+    keeps its own rounds)."""
+    return {k: v for k, v in stats.to_dict().items() if k not in PER_ROUND_FIELDS}
 
 
 def summarize_records(records: list[dict]) -> dict:
@@ -239,7 +249,7 @@ def summarize_records(records: list[dict]) -> dict:
         "target_forwards": forwards,
         "tau": new_tokens / forwards if forwards else 0.0,
         "tau_per_prompt_median": statistics.median([r["tau"] for r in records]) if records else None,
-        "acceptance": merged.to_dict() if merged is not None else None,
+        "acceptance": pooled_acceptance(merged) if merged is not None else None,
         "identical_to_plain": sum(identical) / len(identical) if identical else None,
         "gsm8k_accuracy": sum(graded) / len(graded) if graded else None,
         "gsm8k_graded": len(graded),

@@ -21,6 +21,10 @@ class AcceptanceStats:
             less what EOS, a stopping criterion or the length limit cut off).
         drafted_per_position (`list[int]`): `drafted_per_position[i]` = rounds that drafted a token at position `i`.
         accepted_per_position (`list[int]`): `accepted_per_position[i]` = rounds that accepted positions `0..i`.
+        drafted_per_round (`list[int]`): `drafted_per_round[r]` = draft tokens proposed in round `r` (γ of that round,
+            times the rows of a batched verification): the lengths a draft-length policy chose, in order.
+        accepted_per_round (`list[int]`): `accepted_per_round[r]` = draft tokens the rule accepted in round `r` (its
+            verdicts, as `num_accepted`, summed over the rows).
     """
 
     num_target_forwards: int = 0
@@ -29,6 +33,8 @@ class AcceptanceStats:
     num_new_tokens: int = 0
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    drafted_per_round: list[int] = field(default_factory=list)
+    accepted_per_round: list[int] = field(default_factory=list)
 
     @property
     def mean_accepted_length(self) -> float:
@@ -57,6 +63,7 @@ class AcceptanceStats:
         return NotImplemented
 
     def __add__(self, other: "AcceptanceStats") -> "AcceptanceStats":
+        """Counts summed, positions padded with zeros, and the rounds of `self` followed by those of `other`."""
         n = max(len(self.drafted_per_position), len(other.drafted_per_position))
 
         def padded(values: list[int]) -> list[int]:
@@ -71,6 +78,8 @@ class AcceptanceStats:
             accepted_per_position=[
                 a + b for a, b in zip(padded(self.accepted_per_position), padded(other.accepted_per_position))
             ],
+            drafted_per_round=self.drafted_per_round + other.drafted_per_round,
+            accepted_per_round=self.accepted_per_round + other.accepted_per_round,
         )
 
     def to_dict(self) -> dict:
@@ -91,8 +100,9 @@ class AcceptanceCounters:
     def __init__(self) -> None:
         self.num_drafted = 0
         self.drafted_per_position: list[int] = []
+        self.drafted_per_round: list[int] = []
         self._accepted_per_position: torch.Tensor | None = None
-        self._num_accepted: torch.Tensor | None = None
+        self._accepted_per_round: list[torch.Tensor] = []  # 0-d tensors, read once in `to_stats`
 
     def record(self, num_draft_tokens: int, num_accepted: torch.LongTensor) -> None:
         """Records one verification of `num_draft_tokens` drafts per row, `num_accepted` of shape `(batch,)`."""
@@ -102,25 +112,28 @@ class AcceptanceCounters:
         for i in range(num_draft_tokens):
             self.drafted_per_position[i] += batch_size
         self.num_drafted += num_draft_tokens * batch_size
+        self.drafted_per_round.append(num_draft_tokens * batch_size)
+        self._accepted_per_round.append(num_accepted.sum())
 
         positions = torch.arange(num_draft_tokens, device=num_accepted.device)
         accepted_here = (positions[None, :] < num_accepted[:, None]).sum(0)
         if self._accepted_per_position is None:
             self._accepted_per_position = torch.zeros(0, dtype=torch.long, device=num_accepted.device)
-            self._num_accepted = torch.zeros((), dtype=torch.long, device=num_accepted.device)
         if self._accepted_per_position.shape[0] < num_draft_tokens:
             grow = num_draft_tokens - self._accepted_per_position.shape[0]
             self._accepted_per_position = torch.cat([self._accepted_per_position, accepted_here.new_zeros(grow)])
         self._accepted_per_position[:num_draft_tokens] += accepted_here
-        self._num_accepted += num_accepted.sum()
 
     def to_stats(self, num_target_forwards: int, num_new_tokens: int) -> AcceptanceStats:
         accepted = [] if self._accepted_per_position is None else self._accepted_per_position.tolist()
+        accepted_per_round = torch.stack(self._accepted_per_round).tolist() if self._accepted_per_round else []
         return AcceptanceStats(
             num_target_forwards=num_target_forwards,
             num_drafted=self.num_drafted,
-            num_accepted=0 if self._num_accepted is None else int(self._num_accepted.item()),
+            num_accepted=sum(accepted_per_round),
             num_new_tokens=num_new_tokens,
             drafted_per_position=list(self.drafted_per_position),
             accepted_per_position=accepted + [0] * (len(self.drafted_per_position) - len(accepted)),
+            drafted_per_round=list(self.drafted_per_round),
+            accepted_per_round=accepted_per_round,
         )

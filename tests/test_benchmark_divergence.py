@@ -105,13 +105,40 @@ def _method(name, rule="exact", draft_length="constant", gamma=3, draft="draft")
             "draft_length": draft_length, "draft_length_kwargs": {}, "draft": draft}
 
 
-def test_only_lossless_fixed_length_methods_of_the_draft_are_traced():
-    assert divergence.traceable(_method("semspec:exact/constant:3")) is None
-    assert divergence.traceable(_method("semspec:exact", draft_length=None)) is None
-    assert "not lossless" in divergence.traceable(_method("semspec:fly/constant:3", rule="fly"))
-    assert "learned earlier" in divergence.traceable(_method("semspec:exact/tapout", draft_length="tapout", gamma=None))
-    assert "pruned drafter" in divergence.traceable(_method("semspec:rdk/constant:3", rule="rdk", draft="pruned_draft"))
-    assert divergence.traceable({"name": "plain", "kind": "plain"}) == "not hf_semspec's loop"
+OLD_RECORD = {"acceptance_stats": {"num_drafted": 6}}  # from a run before the stats kept each round's length
+RECORD_WITH_ROUNDS = {"acceptance_stats": {"num_drafted": 6, "drafted_per_round": [4, 2, 0]}}
+
+
+def test_lossless_methods_of_the_draft_are_traced_at_a_fixed_length_or_with_their_recorded_rounds():
+    assert divergence.traceable(_method("semspec:exact/constant:3"), OLD_RECORD) is None
+    assert divergence.traceable(_method("semspec:exact", draft_length=None), OLD_RECORD) is None
+    tapout = _method("semspec:exact/tapout", draft_length="tapout", gamma=None)
+    assert "did not keep its round lengths" in divergence.traceable(tapout, OLD_RECORD)
+    assert divergence.traceable(tapout, RECORD_WITH_ROUNDS) is None
+    assert "not lossless" in divergence.traceable(_method("semspec:fly/constant:3", rule="fly"), RECORD_WITH_ROUNDS)
+    assert "pruned drafter" in divergence.traceable(_method("semspec:rdk/constant:3", rule="rdk", draft="pruned_draft"),
+                                                    RECORD_WITH_ROUNDS)
+    assert divergence.traceable({"name": "plain", "kind": "plain"}, {}) == "not hf_semspec's loop"
+
+
+def test_a_learning_policys_generation_decodes_again_with_the_round_lengths_it_kept(tiny):
+    # tapout learns from earlier prompts and the clock; its record's rounds, played back, give its forwards again.
+    pair, inputs = tiny
+    tapout = methods.Method("semspec:exact/tapout", "semspec", rule="exact", draft_length="tapout",
+                            policy=methods.build_policy("tapout", None, 5))
+    for _ in range(2):  # what it drafts on the second prompt depends on the first
+        out = methods.generate(tapout, pair, inputs, 24, do_sample=False)
+    recorded = out.acceptance_stats.drafted_per_round
+    assert len(set(recorded)) > 1  # lengths a fixed γ would not give
+    record = {"acceptance_stats": out.acceptance_stats.to_dict()}
+    replay = divergence.run_method(_method("semspec:exact/tapout", draft_length="tapout", gamma=None), record)
+    sequence, _, breaches, rounds = divergence.decode_and_record(replay, pair, inputs, 24, [])
+    assert rounds == recorded and breaches == []
+    assert sequence == out.sequences[0].tolist()
+    # past the recorded rounds the playback drafts nothing (one-token steps), rather than guess
+    policy = divergence.RecordedLengths([3, 1])
+    assert [policy.max_tokens(), policy.observe(None), policy.max_tokens(), policy.observe(None),
+            policy.max_tokens()][::2] == [3, 1, 0]
 
 
 @pytest.fixture
@@ -126,10 +153,11 @@ def test_exact_keeps_the_contract_on_tiny_models(tiny, dtype):
     pair, inputs = tiny
     pair.target.to(dtype)
     pair.draft.to(dtype)
-    plain, plain_rows, plain_breaches = divergence.decode_and_record(methods.Method("plain", "plain"), pair, inputs,
-                                                                     24, [])
-    exact = divergence.run_method(_method("semspec:exact/constant:3"))
-    sequence, rows, breaches = divergence.decode_and_record(exact, pair, inputs, 24, [])
+    plain, plain_rows, plain_breaches, no_rounds = divergence.decode_and_record(methods.Method("plain", "plain"), pair,
+                                                                                inputs, 24, [])
+    exact = divergence.run_method(_method("semspec:exact/constant:3"), OLD_RECORD)
+    sequence, rows, breaches, rounds = divergence.decode_and_record(exact, pair, inputs, 24, [])
+    assert no_rounds is None and rounds[0] == max(rounds) == 3  # γ = 3, less where max_length caps a round
     length = inputs["input_ids"].shape[1]
     assert len(sequence) == len(plain) == length + 24
     assert plain_breaches == [] and breaches == []  # in bf16 too, whatever the text
@@ -147,7 +175,7 @@ def test_a_rule_that_keeps_non_argmax_drafts_breaches_the_contract(tiny):
     pair.draft = tiny_llama(seed=1)
     lenient = methods.Method("semspec:ears/constant:3", "semspec", gamma=3, rule="ears", rule_kwargs={"beta": 1.0},
                              draft_length="constant")
-    sequence, _, breaches = divergence.decode_and_record(lenient, pair, inputs, 24, [])
+    sequence, _, breaches, _ = divergence.decode_and_record(lenient, pair, inputs, 24, [])
     assert breaches and all(inputs["input_ids"].shape[1] <= m < len(sequence) for m in breaches)
 
 
@@ -155,18 +183,21 @@ def _run_file(tmp_path: Path, data_dir: Path) -> Path:
     methods_described = [{"name": "plain", "kind": "plain", "gamma": None, "rule": None, "rule_kwargs": {},
                           "draft_length": None, "draft_length_kwargs": {}, "draft": "draft"},
                          _method("semspec:exact/constant:3"), _method("semspec:fly/constant:3", rule="fly"),
-                         _method("semspec:exact/tapout", draft_length="tapout", gamma=None)]
+                         _method("semspec:exact/tapout", draft_length="tapout", gamma=None),
+                         _method("semspec:exact/heuristic", draft_length="heuristic", gamma=None)]
 
-    def record(method, text, identical):
+    def record(method, text, identical, rounds=None):
         return {"prompt_id": "specbench_question:1", "category": "writing", "method": method, "max_new_tokens": 12,
-                "text": text, "identical_to_plain": identical}
+                "text": text, "identical_to_plain": identical,
+                "acceptance_stats": None if rounds is None else {"drafted_per_round": rounds}}
 
     results = {"config": {"pair": "qwen", "sample": False, "prompts": None, "data_dir": str(data_dir)},
                "models": {"target_dtype": "float32", "draft_dtype": "float32"}, "methods": methods_described,
                "aggregates": {}, "records": [record("plain", "?", None),
                                              record("semspec:exact/constant:3", "a text from another machine", False),
                                              record("semspec:fly/constant:3", "?", False),
-                                             record("semspec:exact/tapout", "?", False)]}
+                                             record("semspec:exact/tapout", "?", False),
+                                             record("semspec:exact/heuristic", "?", False, rounds=[1, 1])]}
     path = tmp_path / "run.json"
     path.write_text(json.dumps(results))
     return path
@@ -181,13 +212,20 @@ def test_the_script_traces_what_it_can_and_names_what_it_cannot(tmp_path):
     code = divergence.main([str(run_file), "--output-dir", str(tmp_path / "out"), "--name", "d"], load_pair=tiny_pair)
     assert code == 0
     saved = json.loads((tmp_path / "out" / "d.json").read_text())
-    [traced] = saved["traced"]
+    traced, replayed = saved["traced"]
     # The tiny fp32 models give exact plain's text again, which is not the text the run file says: not reproduced.
     assert traced["method"] == "semspec:exact/constant:3" and traced["first_difference"] is None
     assert traced["reproduced"] is False and traced["breaches"] == [] and traced["tokens_checked"] == 12
+    assert traced["rounds_replayed"] is False
+    # heuristic kept its rounds: two of one draft each (1 or 2 tokens each), then one-token steps to 12 tokens, as the
+    # playback does past the recorded rounds; more rounds than recorded, so not reproduced either
+    assert replayed["method"] == "semspec:exact/heuristic" and replayed["rounds_replayed"] is True
+    assert 2 + 12 - 4 <= replayed["rounds"] <= 2 + 12 - 2
+    assert replayed["reproduced"] is False and replayed["breaches"] == [] and replayed["tokens_checked"] == 12
     assert {s["method"]: s["reason"].split(":")[0] for s in saved["not_traced"]} == {
         "semspec:fly/constant:3": "rule 'fly' is not lossless",
-        "semspec:exact/tapout": "draft length 'tapout' depends on what the policy learned earlier in the run"}
+        "semspec:exact/tapout": "draft length 'tapout' depends on what the policy learned earlier in the run, and "
+                                "the run did not keep its round lengths"}
     text = (tmp_path / "out" / "d.md").read_text()
     assert "| writing | `semspec:exact/constant:3` | no | 12 of 12 | none (same text now) |" in text
     assert "Every generated token traced is the argmax of the forward that decided it." in text
@@ -237,5 +275,5 @@ def test_a_run_with_nothing_to_trace_is_reported_without_loading_models(tmp_path
     (tmp_path / "specbench_question.jsonl").write_text("")
     assert divergence.main([str(run_file), "--output-dir", str(tmp_path / "out")], load_pair=must_not_load) == 0
     text = (tmp_path / "out" / "divergence-run.md").read_text()
-    assert "No greedy record of a lossless rule at a fixed draft length differs from plain's." in text
+    assert "No greedy record of a lossless rule that can be traced differs from plain's." in text
     assert "Not traced" not in text and "argmax of the forward" not in text

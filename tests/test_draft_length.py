@@ -116,6 +116,9 @@ def test_per_token_policy_stops_early_and_learns(attached, close_draft, stop_aft
     assert sum(o.num_drafted for o in policy.outcomes) == stats.num_drafted
     assert sum(o.num_accepted for o in policy.outcomes) == stats.num_accepted
     assert all(o.seconds > 0 for o in policy.outcomes)
+    # and round by round: the stats keep the lengths the policy chose and what the rule accepted of each
+    assert stats.drafted_per_round == [o.num_drafted for o in policy.outcomes]
+    assert stats.accepted_per_round == [o.num_accepted for o in policy.outcomes]
 
 
 def test_policy_is_told_the_rules_window_and_each_rounds_own_test_prefix(attached, close_draft, stop_after_registered):
@@ -268,7 +271,11 @@ def test_policy_end_to_end_exact_stays_lossless(attached, close_draft, name):
     out = generate(attached, close_draft, draft_length=name)
     plain = type(attached).generate(attached, prompt(8), do_sample=False, max_new_tokens=24, min_new_tokens=24)
     assert torch.equal(out.sequences, plain)
-    assert out.acceptance_stats.num_drafted > 0
+    stats = out.acceptance_stats
+    assert stats.num_drafted > 0
+    assert len(stats.drafted_per_round) == len(stats.accepted_per_round) == stats.num_target_forwards
+    assert sum(stats.drafted_per_round) == stats.num_drafted and sum(stats.accepted_per_round) == stats.num_accepted
+    assert all(0 <= a <= d for a, d in zip(stats.accepted_per_round, stats.drafted_per_round))
 
 
 CLOCKLESS_TAPOUT = {"reward": "tokens_per_forward", "arms": ["adaedl", "svip", "heuristic"]}

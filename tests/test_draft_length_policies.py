@@ -254,6 +254,24 @@ def test_heuristic_schedule_names_map_to_it_and_instance_persists(attached, clos
         assert next_budget == (min(budget + 2, 128) if o.num_accepted == o.num_drafted else max(1, budget - 1))
 
 
+def test_heuristic_rounds_in_the_stats_follow_transformers_schedule(attached, close_draft):
+    # The per-round record of a generate() call is the schedule itself: each round drafted its budget, or fewer where
+    # max_length caps it (a round emits at most γ + 1 tokens), and the budgets are transformers' schedule of the rounds.
+    new_tokens, start = 40, 3
+    stats = attached.generate(
+        prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens, draft_length="heuristic", draft_length_kwargs={"initial_tokens": start},
+        return_dict_in_generate=True,
+    ).acceptance_stats
+    rounds = list(zip(stats.drafted_per_round, stats.accepted_per_round))
+    budgets, emitted = transformers_schedule(start, rounds), 0
+    for (drafted, accepted), budget in zip(rounds, budgets):
+        assert drafted == min(budget, new_tokens - emitted - 1)
+        emitted += accepted + 1
+    assert emitted == new_tokens == stats.num_new_tokens
+    assert len(set(stats.drafted_per_round)) > 2  # the schedule moved: the test is not about one fixed length
+
+
 # best_constant.
 
 

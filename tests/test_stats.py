@@ -41,6 +41,9 @@ def test_counters_grow_with_varying_draft_length():
     assert stats.accepted_per_position == [2, 1, 1, 1]
     assert stats.num_drafted == 6 and stats.num_accepted == 5
     assert stats.per_position_acceptance == pytest.approx([1.0, 0.5, 1.0, 1.0])
+    # The rounds in order: what a draft-length policy chose, and what the rule kept of each.
+    assert stats.drafted_per_round == [2, 4, 0]
+    assert stats.accepted_per_round == [1, 4, 0]
 
 
 def test_stats_of_several_calls_sum():
@@ -58,3 +61,13 @@ def test_counters_count_every_row_of_a_batched_verification():
     assert (stats.num_drafted, stats.num_accepted) == (6, 4)
     assert stats.drafted_per_position == [2, 2, 2]
     assert stats.accepted_per_position == [2, 1, 1]
+    assert (stats.drafted_per_round, stats.accepted_per_round) == ([6], [4])  # summed over rows, like the totals
+
+
+def test_merged_stats_keep_each_calls_rounds_in_order():
+    a = AcceptanceStats(2, 6, 3, 5, [2, 2, 2], [2, 1, 0], drafted_per_round=[3, 3], accepted_per_round=[2, 1])
+    b = AcceptanceStats(1, 5, 5, 6, [1] * 5, [1] * 5, drafted_per_round=[5], accepted_per_round=[5])
+    merged = a + b
+    assert merged.drafted_per_round == [3, 3, 5] and merged.accepted_per_round == [2, 1, 5]
+    assert (b + a).drafted_per_round == [5, 3, 3]
+    assert merged.to_dict()["accepted_per_round"] == [2, 1, 5]

@@ -208,6 +208,11 @@ def _options_key(config: Any) -> str:
     return json.dumps(config.all_options(), sort_keys=True, default=str)
 
 
+def _placement_key(model: torch.nn.Module) -> tuple[str, str]:
+    """The dtype and device `model` computes in: a learned round time or draft calibration holds for these only."""
+    return str(getattr(model, "dtype", "")), str(getattr(model, "device", ""))
+
+
 def _kept_policy(model: torch.nn.Module, assistant_model: torch.nn.Module, key: tuple, build) -> DraftLengthPolicy:
     """The policy kept for (`model`, `assistant_model`, `key`), built by `build()` the first time, marked in use
     until `_release`; a fresh, unkept `build()` while another call uses it."""
@@ -346,6 +351,10 @@ def _build_draft_length_policy(
         config.validate()
     if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
+        if policy_class.keeps_state_across_calls:
+            # What they learn (round times, the draft's calibration) changes with the models' dtype or device; the
+            # heuristic schedule's length carries over as transformers carries it, whatever the dtype.
+            key += _placement_key(model) + _placement_key(assistant_model)
         return _kept_policy(model, assistant_model, key, lambda: policy_class(config))
     return policy_class(config)
 
@@ -453,9 +462,9 @@ def generate(
         draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
             `hf_semspec.available_draft_length_policies()` (default `"constant"`), or a policy instance, which
             keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
-            the next call with the same models, rule and options (`forget_draft_length_state()` drops it). With a
-            rule other than `"exact"`, or with sampling, where rounds end changes the text; the README's Draft
-            length section lists the policies whose text repeats.
+            the next call with the same models (dtypes and devices), rule and options (`forget_draft_length_state()`
+            drops it). With a rule other than `"exact"`, or with sampling, where rounds end changes the text; the
+            README's Draft length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
             else from the passed or the target's generation config; default: the draft's generation config's (as

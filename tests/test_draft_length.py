@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 
@@ -372,6 +373,33 @@ def test_kept_policies_are_per_models_rule_and_options(attached, close_draft, un
     hf_semspec.forget_draft_length_state()
     generate(attached, close_draft, draft_length="learning_test")
     assert len(_LearningPolicy.instances) == 7
+
+
+def test_kept_policies_are_per_dtype_of_the_models(attached, close_draft, learning_registered):
+    # A learned round time or calibration is the dtype's: a call after the draft moved to bf16 starts afresh, and one
+    # after it moved back goes on with what the first learned.
+    draft = copy.deepcopy(close_draft)
+    first = generate(attached, draft, draft_length="learning_test").acceptance_stats.num_target_forwards
+    draft.to(torch.bfloat16)
+    generate(attached, draft, draft_length="learning_test")
+    assert len(_LearningPolicy.instances) == 2
+    draft.to(torch.float32)
+    again = generate(attached, draft, draft_length="learning_test").acceptance_stats.num_target_forwards
+    assert len(_LearningPolicy.instances) == 2
+    assert len(_LearningPolicy.instances[0].outcomes) == first + again
+
+
+def test_the_heuristic_schedules_length_carries_over_whatever_the_dtype(attached, close_draft):
+    # transformers keeps the schedule's length on the draft, across a change of dtype: so does the kept `heuristic`.
+    from hf_semspec import generation
+
+    draft = copy.deepcopy(close_draft)
+    kwargs = dict(num_assistant_tokens=3, num_assistant_tokens_schedule="heuristic")
+    generate(attached, draft, **kwargs)
+    [kept] = generation._KEPT_POLICIES[draft][attached].values()
+    draft.to(torch.bfloat16)
+    generate(attached, draft, **kwargs)
+    assert list(generation._KEPT_POLICIES[draft][attached].values()) == [kept]
 
 
 def test_a_call_while_the_kept_policy_is_in_use_gets_a_fresh_one(attached, close_draft, learning_registered):

@@ -4,7 +4,8 @@ Tested with the transformers versions declared in setup.cfg. The private state t
 _from_model_config` (below), `GenerationConfig._mask_length` (the length of a passed attention mask that transformers
 dropped for being all ones), the cache layers' `record_past` flag (turned off before the cache is returned, as
 transformers does: it has no public switch), and, to save a model loaded from GGUF, `PreTrainedModel.hf_quantizer` and
-`config.quantization_config`. Everything else the package uses is public:
+`config.quantization_config`. One private behaviour is mirrored: the order in which `_prepare_generation_config`
+resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is public:
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
 `get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`.
@@ -57,3 +58,14 @@ def passed_mask_length(generation_config: GenerationConfig, attention_mask, inpu
     if attention_mask is not None:
         return attention_mask.shape[1]
     return getattr(generation_config, "_mask_length", input_length)
+
+
+def resolved_do_sample(kwargs: dict, generation_config: GenerationConfig | None, model) -> bool:
+    """`do_sample` as `generate()` will resolve it (`GenerationMixin._prepare_generation_config`), known before the call
+    starts: the call's keyword, else the passed `generation_config`'s, else `model.generation_config`'s, else False
+    (transformers' global default)."""
+    for value in (kwargs.get("do_sample"), getattr(generation_config, "do_sample", None),
+                  model.generation_config.do_sample):
+        if value is not None:
+            return bool(value)
+    return False

@@ -18,7 +18,7 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation import StopStringCriteria
 
-from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
+from ._transformers_compat import is_derived_from_model_config, mark_as_user_config, resolved_do_sample
 from .component_config import default_of, python_number
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
@@ -352,9 +352,10 @@ def _build_draft_length_policy(
     if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
         if policy_class.keeps_state_across_calls:
-            # What they learn (round times, the draft's calibration) changes with the models' dtype or device; the
-            # heuristic schedule's length carries over as transformers carries it, whatever the dtype.
+            # What they learn (round times, the draft's calibration) changes with the models' dtype or device and with
+            # greedy or sampled acceptance; the heuristic schedule's length carries over as transformers carries it.
             key += _placement_key(model) + _placement_key(assistant_model)
+            key += (resolved_do_sample(kwargs, generation_config, model),)
         return _kept_policy(model, assistant_model, key, lambda: policy_class(config))
     return policy_class(config)
 
@@ -462,8 +463,8 @@ def generate(
         draft_length (`str` or `DraftLengthPolicy`, *optional*): how many tokens to draft per round, one of
             `hf_semspec.available_draft_length_policies()` (default `"constant"`), or a policy instance, which
             keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
-            the next call with the same models (dtypes and devices), rule and options (`forget_draft_length_state()`
-            drops it). With a rule other than `"exact"`, or with sampling, where rounds end changes the text; the
+            the next call with the same models (dtypes and devices), rule, options and decoding mode
+            (`forget_draft_length_state()` drops it). With a rule other than `"exact"`, or with sampling, where rounds end changes the text; the
             README's Draft length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),

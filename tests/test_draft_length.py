@@ -389,6 +389,23 @@ def test_kept_policies_are_per_dtype_of_the_models(attached, close_draft, learni
     assert len(_LearningPolicy.instances[0].outcomes) == first + again
 
 
+def test_kept_policies_are_per_decoding_mode_as_transformers_resolves_it(attached, close_draft, learning_registered,
+                                                                         monkeypatch):
+    # Greedy and sampled rounds accept differently. do_sample comes from the call, else the passed config, else the
+    # model's config: the kept policy follows the same order.
+    monkeypatch.setattr(attached.generation_config, "do_sample", True)
+
+    def rounds(**kwargs):
+        return generate(attached, close_draft, draft_length="learning_test", **kwargs).acceptance_stats.num_target_forwards
+
+    sampled_rounds = rounds() + rounds(do_sample=True)  # the model's config, then the call: sampling both times
+    assert len(_LearningPolicy.instances) == 1
+    greedy_rounds = rounds(generation_config=GenerationConfig(do_sample=False)) + rounds(do_sample=False)
+    sampled_rounds += rounds(do_sample=True)
+    sampled, greedy = _LearningPolicy.instances
+    assert len(sampled.outcomes) == sampled_rounds and len(greedy.outcomes) == greedy_rounds
+
+
 def test_the_heuristic_schedules_length_carries_over_whatever_the_dtype(attached, close_draft):
     # transformers keeps the schedule's length on the draft, across a change of dtype: so does the kept `heuristic`.
     from hf_semspec import generation

@@ -15,9 +15,9 @@ State across calls. A policy instance passed as `draft_length=` keeps what it le
 to. A name builds an instance; a policy that learns something worth keeping (`keeps_state_across_calls`: the
 machine's round times, the draft's calibration, a bandit's arm values) is then kept for the next call with the same
 target, draft, rule (with its options) and policy options, as transformers keeps its "heuristic" schedule's length on
-the assistant model, and the same dtype and device of both models (what it learned is theirs: a call after the models
-move starts afresh, and one after they move back goes on). `hf_semspec.forget_draft_length_state()` starts them
-afresh.
+the assistant model, and with the same dtype and device of both models and decoding mode (greedy or sampling): what
+it learned is theirs, so a call after the models move starts afresh, and one after they move back goes on.
+`hf_semspec.forget_draft_length_state()` starts them afresh.
 """
 
 from __future__ import annotations
@@ -134,7 +134,8 @@ class DraftLengthPolicy(ABC):
         decides_per_token (`bool`): `keep_drafting` is called after each drafted token.
         reads_draft_probs (`bool`): `keep_drafting` receives the draft distribution q (else `None`).
         keeps_state_across_calls (`bool`): what it learns outlives one call, so an instance built from its name is
-            kept for the next call with the same models (dtypes and devices), rule and options (module docstring).
+            kept for the next call with the same models (dtypes and devices), rule, options and decoding mode
+            (module docstring).
     """
 
     name: ClassVar[str]

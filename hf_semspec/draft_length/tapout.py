@@ -75,10 +75,10 @@ Defaults (ours, measured; every figure, and the ideas that did not help, in `ben
   Answers of 256 tokens did not close it (1.04 overall and 0.90 of γ = 16 on math_reasoning's prompt, one prompt a
   category) unless the bandit learned on math alone.
 
-State: `draft_length="tapout"` keeps its instance for the next call with the same models (dtypes and devices), rule
-and options (the bandit's statistics and the arms' state go on; `hf_semspec.forget_draft_length_state()` starts
-afresh), because one call rarely makes enough rounds to learn from: replayed on the `exact` traces, 128 tokens a
-prompt, a fresh bandit per prompt made 1.04 / 1.03 of the best fixed length against 1.08 / 1.10 going on across
+State: `draft_length="tapout"` keeps its instance for the next call with the same models (dtypes and devices), rule,
+options and decoding mode (the bandit's statistics and the arms' state go on; `hf_semspec.forget_draft_length_state()`
+starts afresh), because one call rarely makes enough rounds to learn from: replayed on the `exact` traces, 128 tokens
+a prompt, a fresh bandit per prompt made 1.04 / 1.03 of the best fixed length against 1.08 / 1.10 going on across
 prompts (`replay-exact-3x128-per-call.md`, `…-held-out-per-call.md`, against `…-by-length.md`). Pass an instance
 (`draft_length=TapOutPolicy(...)`) to choose what it shares. One instance per kind of request did not pay, even with a
 perfect key: one per Spec-Bench category made 1.06 against 1.09 shared, replayed with `exact`, and 1.10 as shared,

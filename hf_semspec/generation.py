@@ -464,8 +464,8 @@ def generate(
             `hf_semspec.available_draft_length_policies()` (default `"constant"`), or a policy instance, which
             keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
             the next call with the same models (dtypes and devices), rule, options and decoding mode
-            (`forget_draft_length_state()` drops it). With a rule other than `"exact"`, or with sampling, where rounds end changes the text; the
-            README's Draft length section lists the policies whose text repeats.
+            (`forget_draft_length_state()` drops it). With a rule other than `"exact"`, or with sampling, where
+            rounds end changes the text; the README's Draft length section lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
             else from the passed or the target's generation config; default: the draft's generation config's (as

@@ -396,7 +396,8 @@ def test_kept_policies_are_per_decoding_mode_as_transformers_resolves_it(attache
     monkeypatch.setattr(attached.generation_config, "do_sample", True)
 
     def rounds(**kwargs):
-        return generate(attached, close_draft, draft_length="learning_test", **kwargs).acceptance_stats.num_target_forwards
+        out = generate(attached, close_draft, draft_length="learning_test", **kwargs)
+        return out.acceptance_stats.num_target_forwards
 
     sampled_rounds = rounds() + rounds(do_sample=True)  # the model's config, then the call: sampling both times
     assert len(_LearningPolicy.instances) == 1

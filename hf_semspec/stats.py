@@ -98,9 +98,8 @@ class AcceptanceCounters:
     """Device-side accumulation used during decoding: no host sync per round, one at the end (`to_stats`)."""
 
     def __init__(self) -> None:
-        self.num_drafted = 0
         self.drafted_per_position: list[int] = []
-        self.drafted_per_round: list[int] = []
+        self.drafted_per_round: list[int] = []  # summed in `to_stats` for the total drafted
         self._accepted_per_position: torch.Tensor | None = None
         self._accepted_per_round: list[torch.Tensor] = []  # 0-d tensors, read once in `to_stats`
 
@@ -111,7 +110,6 @@ class AcceptanceCounters:
             self.drafted_per_position += [0] * (num_draft_tokens - len(self.drafted_per_position))
         for i in range(num_draft_tokens):
             self.drafted_per_position[i] += batch_size
-        self.num_drafted += num_draft_tokens * batch_size
         self.drafted_per_round.append(num_draft_tokens * batch_size)
         self._accepted_per_round.append(num_accepted.sum())
 
@@ -129,7 +127,7 @@ class AcceptanceCounters:
         accepted_per_round = torch.stack(self._accepted_per_round).tolist() if self._accepted_per_round else []
         return AcceptanceStats(
             num_target_forwards=num_target_forwards,
-            num_drafted=self.num_drafted,
+            num_drafted=sum(self.drafted_per_round),
             num_accepted=sum(accepted_per_round),
             num_new_tokens=num_new_tokens,
             drafted_per_position=list(self.drafted_per_position),

@@ -72,6 +72,7 @@ def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_t
     from transformers import DynamicCache
 
     from benchmarks.models import DTYPES
+    from hf_semspec._transformers_compat import CACHE_ARGUMENT
     from hf_semspec.draft_length._entropy import entropy
     from hf_semspec.pypi_models import REFERENCE_PAIR, load_model
 
@@ -84,19 +85,19 @@ def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_t
     entropy_reads: list[float] = []
     with torch.inference_mode():
         cache = DynamicCache()
-        model(input_ids=ids[:, :cached_tokens], past_key_values=cache, use_cache=True)  # also the warm-up
+        model(input_ids=ids[:, :cached_tokens], **{CACHE_ARGUMENT: cache}, use_cache=True)  # also the warm-up
         for n in forwards:  # one untimed forward per shape: MKL's first call at a shape picks its kernels
-            model(input_ids=ids[:, :n], past_key_values=cache, use_cache=True)
+            model(input_ids=ids[:, :n], **{CACHE_ARGUMENT: cache}, use_cache=True)
             cache.crop(-n)
         for repeat in range(repeats):
             for n in forwards:
                 start = time.perf_counter()
-                model(input_ids=ids[:, cached_tokens - n:cached_tokens], past_key_values=cache, use_cache=True)
+                model(input_ids=ids[:, cached_tokens - n:cached_tokens], **{CACHE_ARGUMENT: cache}, use_cache=True)
                 forwards[n].append(time.perf_counter() - start)
                 cache.crop(-n)  # a negative count: the tokens to remove
             if role == "draft":
                 start = time.perf_counter()
-                out = model(input_ids=ids[:, :prefill_tokens], past_key_values=DynamicCache(), use_cache=True,
+                out = model(input_ids=ids[:, :prefill_tokens], **{CACHE_ARGUMENT: DynamicCache()}, use_cache=True,
                             logits_to_keep=1)
                 prefills.append(time.perf_counter() - start)
                 probs = out.logits[:, -1].float().softmax(-1)  # q, as the decoding loop has it

@@ -44,6 +44,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 import hf_semspec  # noqa: E402
+from hf_semspec._transformers_compat import CACHE_ARGUMENT  # noqa: E402
 from hf_semspec.draft_length import DraftLengthConfig, DraftLengthPolicy  # noqa: E402
 from hf_semspec.rules import RULES  # noqa: E402
 
@@ -66,7 +67,7 @@ class Forward:
 class ForwardRecorder:
     """Records every top-level forward of `model` (a context manager; the hooks are removed on exit).
 
-    The start position is the cache's length before the call (`past_key_values.get_seq_length()`), 0 without a cache.
+    The start position is the cache's length before the call (`cache.get_seq_length()`), 0 without a cache.
     """
 
     def __init__(self, model: torch.nn.Module):
@@ -76,7 +77,7 @@ class ForwardRecorder:
         self._handles: list = []
 
     def _pre_hook(self, module, args, kwargs) -> None:
-        cache = kwargs.get("past_key_values")
+        cache = kwargs.get(CACHE_ARGUMENT)
         self._start = 0 if cache is None else int(cache.get_seq_length())
 
     def _post_hook(self, module, args, kwargs, output) -> None:

@@ -99,6 +99,7 @@ def measure(max_k: int, repeats: int, data_dir: Path,
             cached_tokens: int | None = None) -> tuple[dict[int, list[float]], list[float], int]:
     """(k → verify seconds of each pass, draft-step seconds, cached prompt tokens) on the reference pair."""
     from benchmarks.models import load_pair
+    from hf_semspec._transformers_compat import CACHE_ARGUMENT
     from transformers import DynamicCache
 
     pair = load_pair("qwen")
@@ -108,19 +109,19 @@ def measure(max_k: int, repeats: int, data_dir: Path,
     draft_steps: list[float] = []
     with torch.inference_mode():
         target_cache, draft_cache = DynamicCache(), DynamicCache()
-        pair.target(input_ids=ids, past_key_values=target_cache, use_cache=True)
-        pair.draft(input_ids=ids, past_key_values=draft_cache, use_cache=True)
+        pair.target(input_ids=ids, **{CACHE_ARGUMENT: target_cache}, use_cache=True)
+        pair.draft(input_ids=ids, **{CACHE_ARGUMENT: draft_cache}, use_cache=True)
         lengths = list(range(max_k + 1))
         for repeat in range(repeats):
             shift = repeat * len(lengths) // repeats  # each pass starts elsewhere, so no length always runs first
             for k in lengths[shift:] + lengths[:shift]:
                 new = ids[:, -(k + 1):] if k + 1 <= length else ids[:, :1].repeat(1, k + 1)
                 start = time.perf_counter()
-                pair.target(input_ids=new, past_key_values=target_cache, use_cache=True)
+                pair.target(input_ids=new, **{CACHE_ARGUMENT: target_cache}, use_cache=True)
                 verify[k].append(time.perf_counter() - start)
                 target_cache.crop(-(k + 1))  # a negative count: the tokens to remove (as decoding.py does)
                 start = time.perf_counter()
-                pair.draft(input_ids=ids[:, -1:], past_key_values=draft_cache, use_cache=True)
+                pair.draft(input_ids=ids[:, -1:], **{CACHE_ARGUMENT: draft_cache}, use_cache=True)
                 draft_steps.append(time.perf_counter() - start)
                 draft_cache.crop(-1)
             print(f"pass {repeat + 1}/{repeats}: v(0) {verify[0][-1]:.3f} s, v({max_k}) {verify[max_k][-1]:.3f} s",

@@ -8,12 +8,21 @@ transformers does: it has no public switch), and, to save a model loaded from GG
 resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is public:
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
-`get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`.
+`get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`, whose cache
+argument and output field are named by `CACHE_ARGUMENT` (renamed in transformers 5.24).
 """
 
 from __future__ import annotations
 
+import transformers
+from packaging.version import Version
 from transformers import DynamicCache, GenerationConfig
+
+# transformers 5.24 renamed the cache from `past_key_values` to `cache` everywhere the loop meets it: the keyword of
+# `generate()` and of the models' `forward`, the key of the `model_kwargs` that `generate()` hands the decoding loop,
+# and the field of the outputs. The old name stays a deprecated alias there (removed in 5.40 / 6.0) that logs a
+# warning, except as the `model_kwargs` key, which is gone. One name, the installed version's, is used throughout.
+CACHE_ARGUMENT = "cache" if Version(transformers.__version__).release >= (5, 24) else "past_key_values"
 
 # `GenerationConfig.__init__` drops every custom key (such as `acceptance`) from a config dict carrying
 # `"_from_model_config": true`, which `save_pretrained` writes for a config derived from the model config.

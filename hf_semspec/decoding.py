@@ -31,7 +31,7 @@ from transformers.generation import (
     SynthIDTextWatermarkLogitsProcessor,
 )
 
-from ._transformers_compat import passed_mask_length, stop_past_recording
+from ._transformers_compat import CACHE_ARGUMENT, passed_mask_length, stop_past_recording
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .drafting import ModelDrafter
 from .errors import invalid_value
@@ -40,7 +40,7 @@ from .rules.base import AcceptanceRule, VerificationInput
 from .stats import AcceptanceStats
 
 # Keys of `model_kwargs` that the loop manages itself (transformers prepared them for one-token-per-step decoding).
-_MANAGED_MODEL_KWARGS = ("past_key_values", "attention_mask", "position_ids", "use_cache", "logits_to_keep")
+_MANAGED_MODEL_KWARGS = (CACHE_ARGUMENT, "attention_mask", "position_ids", "use_cache", "logits_to_keep")
 
 
 @dataclass
@@ -229,7 +229,8 @@ def speculative_decode(
         rule (`AcceptanceRule`): decides which drafts are kept (`acceptance=`).
         draft_length (`DraftLengthPolicy`): decides how many tokens to draft each round (`draft_length=`).
         streamer (`BaseStreamer`, *optional*): receives each round's new tokens.
-        model_kwargs: the target's cache (`past_key_values`), `attention_mask`, and non-tensor forward options.
+        model_kwargs: the target's cache (`cache`, or `past_key_values` before transformers 5.24), `attention_mask`,
+            and non-tensor forward options.
 
     Returns:
         `SpeculativeDecoderOnlyOutput` if `generation_config.return_dict_in_generate`, else the sequences
@@ -238,12 +239,12 @@ def speculative_decode(
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     check_generation_config(generation_config, input_ids, rule)
     check_logits_processors(logits_processor)
-    target_cache = model_kwargs["past_key_values"]
+    target_cache = model_kwargs[CACHE_ARGUMENT]
     if not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
         raise invalid_value(
-            "past_key_values", type(target_cache).__name__,
+            CACHE_ARGUMENT, type(target_cache).__name__,
             "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one)",
-            "pass past_key_values=DynamicCache(...) or leave it out",
+            f"pass {CACHE_ARGUMENT}=DynamicCache(...) or leave it out",
         )
     attention_mask = model_kwargs.get("attention_mask")
     cached = target_cache.get_seq_length()
@@ -253,11 +254,11 @@ def speculative_decode(
         # fills its own cache from the ids) needs the whole sequence, as a continuation from a returned cache has.
         raise invalid_value(
             "input_ids",
-            f"{input_ids.shape[1]} tokens with a past_key_values of {cached} and an attention_mask of {mask_length}",
+            f"{input_ids.shape[1]} tokens with a {CACHE_ARGUMENT} of {cached} and an attention_mask of {mask_length}",
             "the whole sequence with an acceptance rule: the tokens the cache holds, then at least one more, and a "
             "mask of the same length",
-            "pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a past_key_values returned "
-            "by generate() holds all of out.sequences but the last token)",
+            f"pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a {CACHE_ARGUMENT} "
+            "returned by generate() holds all of out.sequences but the last token)",
         )
     target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
     forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
@@ -353,7 +354,7 @@ def speculative_decode(
         )
 
         # 6. Append, stream, and roll both caches back to the output but its last token, which is not cached yet: the
-        #    accepted prefix, or less where the round was cut (what a continuation from past_key_values expects).
+        #    accepted prefix, or less where the round was cut (what a continuation from the returned cache expects).
         input_ids = torch.cat([input_ids, new_tokens], dim=1)
         if attention_mask is not None:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(1, keep)], dim=1)
@@ -379,6 +380,6 @@ def speculative_decode(
         sequences=input_ids,
         scores=scores,
         logits=raw_logits,
-        past_key_values=target_cache,
+        **{CACHE_ARGUMENT: target_cache},
         acceptance_stats=rule.counters.to_stats(num_target_forwards, input_ids.shape[1] - prompt_length),
     )

@@ -14,6 +14,8 @@ from typing import Iterator
 import torch
 from transformers.cache_utils import Cache
 
+from ._transformers_compat import CACHE_ARGUMENT
+
 
 def accepts_forward_argument(model: torch.nn.Module, name: str) -> bool:
     return name in inspect.signature(model.forward).parameters
@@ -53,7 +55,8 @@ def forward_new_tokens(
         kwargs["position_ids"] = position_ids[:, past_length:]
     if supports_logits_to_keep:
         kwargs["logits_to_keep"] = num_logits
-    outputs = model(input_ids=new_ids, past_key_values=cache, use_cache=True, **kwargs)
+    kwargs[CACHE_ARGUMENT] = cache
+    outputs = model(input_ids=new_ids, use_cache=True, **kwargs)
     return outputs.logits[:, -num_logits:].float()
 
 

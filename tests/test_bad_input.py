@@ -10,6 +10,7 @@ from transformers import GenerationConfig, StaticCache
 
 import hf_semspec
 from hf_semspec import SemSpecConfigError
+from hf_semspec._transformers_compat import CACHE_ARGUMENT
 
 
 @pytest.fixture
@@ -110,8 +111,10 @@ def test_static_cache(no_forward):
     with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
         generate(no_forward, acceptance="exact", cache_implementation="static")
     target, _ = no_forward
-    with pytest.raises(SemSpecConfigError, match=r"`past_key_values` = 'StaticCache' .*allowed a DynamicCache"):
-        generate(no_forward, acceptance="exact", past_key_values=StaticCache(config=target.config, max_cache_len=32))
+    static = StaticCache(config=target.config, max_cache_len=32)
+    with pytest.raises(SemSpecConfigError, match=rf"`{CACHE_ARGUMENT}` = 'StaticCache' .*allowed a DynamicCache.*"
+                                                 rf"Fix: pass {CACHE_ARGUMENT}=DynamicCache"):
+        generate(no_forward, acceptance="exact", **{CACHE_ARGUMENT: static})
 
 
 @pytest.mark.parametrize(

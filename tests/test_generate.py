@@ -19,6 +19,7 @@ from transformers.generation.streamers import BaseStreamer
 
 import hf_semspec
 from hf_semspec import SpeculativeDecoderOnlyOutput
+from hf_semspec._transformers_compat import CACHE_ARGUMENT
 from hf_semspec.errors import SemSpecConfigError
 
 
@@ -386,7 +387,7 @@ def test_a_max_length_criterion_at_or_below_the_prompt_still_adds_one_token(atta
                              **kwargs)
     assert ours.sequences.shape[1] == ids.shape[1] + 1
     assert torch.equal(ours.sequences, plain_greedy(attached, ids, **kwargs))
-    assert ours.past_key_values.get_seq_length() == ids.shape[1]  # as plain decoding leaves it
+    assert getattr(ours, CACHE_ARGUMENT).get_seq_length() == ids.shape[1]  # as plain decoding leaves it
 
 
 def test_position_ids_are_refused(attached, close_draft):
@@ -404,12 +405,12 @@ def test_a_cache_must_come_with_the_whole_sequence(attached, close_draft, cached
     # sequence, and failed with a raw shape error.
     ids = prompt(10, seed=2)
     cache = DynamicCache(config=attached.config)
-    attached(ids[:, :cached], past_key_values=cache, use_cache=True)
+    attached(ids[:, :cached], **{CACHE_ARGUMENT: cache}, use_cache=True)
     passed = ids[:, 6:] if given == "the new ids" else ids
-    with pytest.raises(SemSpecConfigError, match=rf"`input_ids` = '{passed.shape[1]} tokens with a past_key_values of "
+    with pytest.raises(SemSpecConfigError, match=rf"`input_ids` = '{passed.shape[1]} tokens with a {CACHE_ARGUMENT} of "
                                                  rf"{cached} and an attention_mask of 10' is not valid: allowed the "
                                                  r"whole sequence"):
-        attached.generate(passed, attention_mask=torch.ones_like(ids), past_key_values=cache,
+        attached.generate(passed, attention_mask=torch.ones_like(ids), **{CACHE_ARGUMENT: cache},
                           assistant_model=close_draft, acceptance="exact", max_new_tokens=4)
 
 
@@ -462,7 +463,7 @@ def test_stop_strings_stop_where_plain_decoding_stops(attached, close_draft, mod
 
 @pytest.mark.parametrize("cut", ["eos", "criterion"])  # (max_new_tokens caps γ: it never cuts a round)
 def test_returned_cache_ends_where_the_output_does(attached, cut):
-    # A round cut inside its accepted drafts must not leave their keys and values in past_key_values: a follow-up
+    # A round cut inside its accepted drafts must not leave their keys and values in the cache: a follow-up
     # call that reuses the cache would read tokens the output does not have.
     ids = prompt(8)
     generated = plain_greedy(attached, ids, max_new_tokens=40)[0, ids.shape[1] :].tolist()
@@ -475,8 +476,9 @@ def test_returned_cache_ends_where_the_output_does(attached, cut):
                              return_dict_in_generate=True, **limits)
     sequences = ours.sequences
     assert sequences.shape[1] < ids.shape[1] + 30
-    assert ours.past_key_values.get_seq_length() == sequences.shape[1] - 1  # as plain decoding leaves it
-    again = plain_greedy(attached, sequences, past_key_values=ours.past_key_values, max_new_tokens=5)
+    returned_cache = getattr(ours, CACHE_ARGUMENT)
+    assert returned_cache.get_seq_length() == sequences.shape[1] - 1  # as plain decoding leaves it
+    again = plain_greedy(attached, sequences, **{CACHE_ARGUMENT: returned_cache}, max_new_tokens=5)
     assert torch.equal(again, plain_greedy(attached, sequences, max_new_tokens=5))
 
 
@@ -519,10 +521,11 @@ def test_sliding_window_model_rolls_back_correctly():
     assert torch.equal(ours.sequences, plain_greedy(model, ids, max_new_tokens=30))
     # The returned cache stops recording its past, as plain decoding's: a continuation keeps each layer's window
     # (it kept every token, growing without bound).
-    assert [layer.record_past for layer in ours.past_key_values.layers] == [False, False]
-    again = type(model).generate(model, ours.sequences, past_key_values=ours.past_key_values, max_new_tokens=20,
+    returned_cache = getattr(ours, CACHE_ARGUMENT)
+    assert [layer.record_past for layer in returned_cache.layers] == [False, False]
+    again = type(model).generate(model, ours.sequences, **{CACHE_ARGUMENT: returned_cache}, max_new_tokens=20,
                                  do_sample=False, return_dict_in_generate=True)
-    assert [layer.keys.shape[-2] for layer in again.past_key_values.layers] == [config.sliding_window - 1] * 2
+    assert [layer.keys.shape[-2] for layer in getattr(again, CACHE_ARGUMENT).layers] == [config.sliding_window - 1] * 2
 
 
 def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():

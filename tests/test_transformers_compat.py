@@ -5,6 +5,7 @@ If one of these fails after a transformers upgrade, update `_transformers_compat
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 
@@ -14,12 +15,35 @@ from conftest import tiny_llama
 from packaging.version import Version
 from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache
+from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from hf_semspec import _transformers_compat as compat
 
 
 def test_version_is_in_the_declared_range():
-    assert Version("5.23") <= Version(transformers.__version__) < Version("5.24")
+    assert Version("5.23") <= Version(transformers.__version__) < Version("5.25")
+
+
+def test_the_cache_is_named_as_the_installed_transformers_names_it():
+    """`CACHE_ARGUMENT` is the cache's name everywhere the loop meets it: the key in the `model_kwargs` that
+    `generate()` hands a custom decoding loop, the keyword of the models' `forward`, and the field of their outputs and
+    of `generate()`'s. transformers 5.24 renamed `past_key_values` to `cache` in all four; a loop that read the old
+    key failed with a KeyError."""
+    model = tiny_llama(seed=0)
+    handed = {}
+
+    def recording_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        handed.update(model_kwargs)
+        return input_ids
+
+    model.generate(torch.ones(1, 3, dtype=torch.long), custom_generate=recording_loop, max_new_tokens=2)
+    assert isinstance(handed[compat.CACHE_ARGUMENT], DynamicCache)
+    other_name = ({"cache", "past_key_values"} - {compat.CACHE_ARGUMENT}).pop()
+    assert other_name not in handed
+    assert compat.CACHE_ARGUMENT in inspect.signature(model.forward).parameters
+    for output_class in (CausalLMOutputWithPast, GenerateDecoderOnlyOutput):
+        assert compat.CACHE_ARGUMENT in {field.name for field in dataclasses.fields(output_class)}
 
 
 def test_from_model_config_flag_drops_custom_keys_and_clearing_it_keeps_them(tmp_path):

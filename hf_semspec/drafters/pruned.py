@@ -5,8 +5,8 @@ target token can still be read) and multiplies the final hidden state by a `(K, 
 of the kept ids: a draft step costs K·hidden multiply-adds in the head instead of N·hidden. It satisfies the
 pruned-drafter protocol of `hf_semspec.drafting.ModelDrafter`: `.config` (the base config, full `vocab_size`),
 `.device`, `kept_token_ids` `(K,)`, optional `rdk_indices` / `rdk_weights` `(K, m + 1)`, and
-`forward(input_ids, past_key_values, use_cache, attention_mask, position_ids, logits_to_keep)` returning `.logits`
-of shape `(batch, seq, K)`.
+`forward(input_ids, use_cache, attention_mask, position_ids, logits_to_keep)` and the cache (keyword `cache`, or
+`past_key_values` before transformers 5.24) returning `.logits` of shape `(batch, seq, K)`.
 
 Saved folder (`save_pretrained`, `push_to_hub`):
 
@@ -44,6 +44,7 @@ from safetensors.torch import save_file
 from transformers.modeling_outputs import CausalLMOutputWithPast
 from transformers.utils import TRANSFORMERS_DYNAMIC_MODULE_NAME
 
+from .._transformers_compat import CACHE_ARGUMENT
 from ..errors import invalid_value
 from . import keep_set as ks
 from .kernel import DEFAULT_CHUNK_ELEMENTS, DEFAULT_NEIGHBOURS, DEFAULT_TEMPERATURE, build_rdk_kernel, check_rdk_kernel
@@ -178,7 +179,6 @@ class PrunedVocabDrafter(torch.nn.Module):
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
-        past_key_values: Any = None,
         use_cache: bool | None = True,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
@@ -187,12 +187,13 @@ class PrunedVocabDrafter(torch.nn.Module):
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """As the base causal LM's forward, but `.logits` has shape `(batch, seq, K)`: logits of the kept ids, in
-        the order of `kept_token_ids`. `logits_to_keep` as in transformers (`0`: every position)."""
+        the order of `kept_token_ids`. `logits_to_keep` as in transformers (`0`: every position). The cache goes to the
+        backbone in `kwargs` under the name it came with, so that each transformers version reads its own (`cache`
+        from 5.24, which still takes `past_key_values` with a deprecation warning; `past_key_values` before)."""
         outputs = self.model(
             input_ids=input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             **kwargs,
@@ -207,7 +208,7 @@ class PrunedVocabDrafter(torch.nn.Module):
         scale = getattr(text_config, "logit_scale", None)
         if isinstance(scale, (int, float)) and not isinstance(scale, bool):
             logits = logits * scale
-        return CausalLMOutputWithPast(logits=logits, past_key_values=getattr(outputs, "past_key_values", None))
+        return CausalLMOutputWithPast(logits=logits, **{CACHE_ARGUMENT: getattr(outputs, CACHE_ARGUMENT, None)})
 
     # -- saving and loading -----------------------------------------------------------------------------------
 

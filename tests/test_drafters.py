@@ -17,8 +17,9 @@ from huggingface_hub import ModelCard
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-from transformers import LogitsProcessorList, PreTrainedTokenizerFast, TemperatureLogitsWarper
+from transformers import DynamicCache, LogitsProcessorList, PreTrainedTokenizerFast, TemperatureLogitsWarper
 
+from hf_semspec._transformers_compat import CACHE_ARGUMENT
 from hf_semspec.drafters import (
     PrunedVocabDrafter,
     build_rdk_kernel,
@@ -182,6 +183,21 @@ def test_logits_are_the_base_models_kept_logits_with_a_sliced_head(draft_model, 
     assert pruned.shape == (1, 8, 64)
     torch.testing.assert_close(pruned, full, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(drafter(input_ids=ids, logits_to_keep=1).logits, full[:, -1:], rtol=1e-5, atol=1e-5)
+
+
+def test_the_cache_goes_to_the_backbone_by_keyword_only(draft_model, tokenizer):
+    # The forward passes the cache on under the installed transformers' name (`cache` from 5.24); a cache passed
+    # second, where the signature took it before, would have landed in `use_cache` and been silently ignored.
+    drafter = prune_vocabulary(draft_model, tokenizer, ["dog cat"], keep=0.5)
+    ids = prompt(8)
+    cache = DynamicCache()
+    drafter(input_ids=ids[:, :5], use_cache=True, **{CACHE_ARGUMENT: cache})
+    assert cache.get_seq_length() == 5
+    step = drafter(input_ids=ids[:, 5:], use_cache=True, **{CACHE_ARGUMENT: cache})
+    assert getattr(step, CACHE_ARGUMENT) is cache and cache.get_seq_length() == 8
+    torch.testing.assert_close(step.logits, drafter(input_ids=ids).logits[:, 5:], rtol=1e-5, atol=1e-5)
+    with pytest.raises(TypeError, match="positional"):
+        drafter(ids, DynamicCache())
 
 
 # -- save / load -----------------------------------------------------------------------------------------------------

@@ -179,6 +179,7 @@ class PrunedVocabDrafter(torch.nn.Module):
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
+        *,  # keywords only: a cache passed second, as the old signature took it, fails rather than land in use_cache
         use_cache: bool | None = True,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,

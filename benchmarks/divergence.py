@@ -206,10 +206,10 @@ def traceable(method: dict, record: dict) -> str | None:
     return None
 
 
-def run_method(described: dict, record: dict) -> methods.Method:
-    """The record's method, rebuilt as `run.py` built it, drafting the record's round lengths where it kept them."""
+def run_method(described: dict, lengths: list[int] | None) -> methods.Method:
+    """A record's method, rebuilt as `run.py` built it, drafting `lengths` (its record's `recorded_lengths`) where the
+    record kept them."""
     rule = RULES.get(described["rule"])
-    lengths = recorded_lengths(record)
     if lengths is not None:
         policy = RecordedLengths(lengths)
     else:
@@ -279,10 +279,10 @@ def trace(results: dict, records: list[dict], pair: models.ModelPair, prompts: d
             plain_runs[prompt.prompt_id] = decode_and_record(plain_method, pair, inputs, record["max_new_tokens"],
                                                              eos_ids)
         plain_sequence, plain_rows, plain_breaches, _ = plain_runs[prompt.prompt_id]
-        sequence, rows, breaches, rounds = decode_and_record(run_method(described[record["method"]], record), pair,
-                                                             inputs, record["max_new_tokens"], eos_ids)
-        j = first_difference(plain_sequence, sequence)
         expected_rounds = recorded_lengths(record)
+        method = run_method(described[record["method"]], expected_rounds)
+        sequence, rows, breaches, rounds = decode_and_record(method, pair, inputs, record["max_new_tokens"], eos_ids)
+        j = first_difference(plain_sequence, sequence)
         row = {"prompt_id": record["prompt_id"], "category": record["category"], "method": record["method"],
                "rounds": len(rounds), "rounds_replayed": expected_rounds is not None,
                "reproduced": (pair.decode(plain_sequence[length:]) == plain_text[record["prompt_id"]]

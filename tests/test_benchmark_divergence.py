@@ -131,7 +131,8 @@ def test_a_learning_policys_generation_decodes_again_with_the_round_lengths_it_k
     recorded = out.acceptance_stats.drafted_per_round
     assert len(set(recorded)) > 1  # lengths a fixed γ would not give
     record = {"acceptance_stats": out.acceptance_stats.to_dict()}
-    replay = divergence.run_method(_method("semspec:exact/tapout", draft_length="tapout", gamma=None), record)
+    replay = divergence.run_method(_method("semspec:exact/tapout", draft_length="tapout", gamma=None),
+                                   divergence.recorded_lengths(record))
     sequence, _, breaches, rounds = divergence.decode_and_record(replay, pair, inputs, 24, [])
     assert rounds == recorded and breaches == []
     assert sequence == out.sequences[0].tolist()
@@ -157,7 +158,7 @@ def test_exact_keeps_the_contract_on_tiny_models(tiny, dtype):
     pair.draft.to(dtype)
     plain, plain_rows, plain_breaches, no_rounds = divergence.decode_and_record(methods.Method("plain", "plain"), pair,
                                                                                 inputs, 24, [])
-    exact = divergence.run_method(_method("semspec:exact/constant:3"), OLD_RECORD)
+    exact = divergence.run_method(_method("semspec:exact/constant:3"), divergence.recorded_lengths(OLD_RECORD))
     sequence, rows, breaches, rounds = divergence.decode_and_record(exact, pair, inputs, 24, [])
     assert no_rounds is None and rounds[0] == max(rounds) == 3  # γ = 3, less where max_length caps a round
     length = inputs["input_ids"].shape[1]

@@ -31,6 +31,8 @@ class ModelPair:
         info (`dict`): anything worth recording (dtypes, tokenizer check, ...).
         pruned_draft (`PrunedVocabDrafter`, *optional*): a pruned-vocabulary drafter of the same draft model, used by
             the rules that cannot run with `draft` (`rdk`).
+        tokenize (`Callable[[str], list[int]]`, *optional*): generated text → ids (no special tokens added), to replay
+            along a recorded output that kept only its text (`benchmarks/replay.py --along`).
     """
 
     target: torch.nn.Module
@@ -41,6 +43,7 @@ class ModelPair:
     draft_name: str
     info: dict = field(default_factory=dict)
     pruned_draft: torch.nn.Module | None = None
+    tokenize: Callable[[str], list[int]] | None = None
 
 
 def pair_model_names(pair: str) -> tuple[str, str]:
@@ -102,6 +105,7 @@ def load_pair(
         draft=draft,
         encode=chat_encoder(tokenizer),
         decode=lambda ids: tokenizer.decode(ids, skip_special_tokens=True),
+        tokenize=lambda text: tokenizer(text, add_special_tokens=False)["input_ids"],
         target_name=target_name,
         draft_name=draft_name,
         info={

@@ -1,4 +1,5 @@
-"""Replay draft-length policies on recorded acceptance traces of `exact` greedy decoding.
+"""Replay draft-length policies on recorded acceptance traces of greedy decoding: `exact`, and `fly` along a live run's
+outputs.
 
     python -m benchmarks.replay --prompts-per-category 3 --max-new-tokens 128 \\
         --costs benchmarks/results/draft-length-bandits.json \\
@@ -29,10 +30,19 @@ target's text than after its own wrong token, so the replay drafts more: `adaedl
 coding prompt of `replay-exact-1x64`, and 0.96 of its live modeled speed over that run. Read an entropy policy's
 replayed speed as a lower bound. A per-token round ends after the draft drafts the output's EOS, as live.
 
-Limits: `exact` and greedy only (a relaxed rule's acceptance depends on more than the prefix); a per-token policy
-is replayed only if it reads q through H(q) alone (`ENTROPY_POLICIES`). `--check RESULTS.json` compares the
-replayed F and D of every method that the live run also measured, prompt by prompt (the draft is bf16 and runs
-incrementally live, so a near-tie can go the other way).
+`fly` (`--rule fly --along RUN.json --along-method METHOD`). A relaxed rule keeps mismatches, so its output depends
+on the rounds: no one output is every policy's. The replay follows the outputs that one method of a live run wrote,
+and over them records the draft's and the target's teacher-forced predictions, the target's gate entropy and the
+draft's entropy; a round then accepts by the rule's Δ, deferred window and gate along that text (`FlyRounds`). The
+method whose outputs it follows replays its own rounds exactly (numerics aside); any other policy is judged on a text
+it did not write: a mismatch the recorded run kept and its shorter round cannot keep counts as a rejection, and the
+replay goes on along the recorded text, where live the target's token would change what follows. Comparing
+policies along the outputs of two or three methods shows how much a category's figures owe to the text.
+
+Limits: greedy only, and `fly` only along recorded outputs (the other relaxed rules read more of the distributions
+than a trace keeps); a per-token policy is replayed only if it reads q through H(q) alone (`ENTROPY_POLICIES`).
+`--check RESULTS.json` compares the replayed F and D of every method that the live run also measured, prompt by
+prompt (the draft is bf16 and runs incrementally live, so a near-tie can go the other way).
 """
 
 from __future__ import annotations
@@ -52,6 +62,7 @@ from hf_semspec.draft_length import DraftLengthPolicy, RoundOutcome
 from hf_semspec.draft_length._entropy import entropy
 from hf_semspec.draft_length.tapout import TapOutPolicy
 from hf_semspec.rules import RULES
+from hf_semspec.rules.fly import FLyConfig, deferred_window, target_entropy
 
 from . import data, markdown, methods, metrics, models, report, resolution
 
@@ -102,24 +113,93 @@ def probs_with_entropy(entropy_nats: float) -> torch.Tensor:
     return torch.tensor([[x] + [(1 - x) / (n - 1)] * (n - 1)], dtype=torch.float64)
 
 
+class ExactRounds:
+    """`exact` greedy along a trace: a round that starts at output position `start` and drafts k tokens accepts
+    min(run[start], k) (`accepted_runs`)."""
+
+    window = None  # the rule keeps no mismatch on later evidence
+
+    def __init__(self, runs: list[int]):
+        self.runs = runs
+
+    def __len__(self) -> int:
+        return len(self.runs)
+
+    def round(self, start: int, drafted: int) -> tuple[int, int | None]:
+        """(accepted drafts, drafts that passed the rule's own test before the first that failed it, or None when
+        the rule judges each draft alone)."""
+        return min(self.runs[start], drafted), None
+
+
+class FlyRounds:
+    """Greedy `fly` along a recorded output x of that rule (`--along`): the rule of `hf_semspec/rules/fly.py` (Δ, the
+    deferred window, the gate) applied to what the trace holds at each output position i:
+
+        Δ_i    = 1[d_i = x_i = t_i]             d_i, t_i: the draft's and the target's greedy predictions, teacher-
+                                                 forced on x
+        keep_i = 1[d_i = x_i  ∧  H_i ≥ θ]        the gate lets the draft's token through, and it is x's token
+        A_j    = D_j ∧ (Δ_j ∨ keep_j)            D_j: `deferred_window` of the round's Δ, with the rule's W
+
+    A round from s drafting k accepts the drafts before its first j with A_j = 0. Where d_i ≠ x_i the live draft goes
+    on from its own token, which the trace does not hold, so that mismatch is never kept (keep_i = 0); the recorded
+    run did not keep it either (x_i is then the target's token). Where the recorded run kept a mismatch
+    (x_i = d_i ≠ t_i) and a replayed round cannot (too short for the window), the live text would go on from t_i,
+    and the replay goes on along x: the replayed text is the recorded one whatever the policy, the limit of this
+    replay (module docstring)."""
+
+    def __init__(self, matched: list[bool], keepable: list[bool], window: int):
+        self.matched, self.keepable, self.window = matched, keepable, window
+
+    @classmethod
+    def of_trace(cls, trace: dict) -> FlyRounds:
+        """The rounds of a `record_trace_along` trace, under the rule options it was recorded with."""
+        tokens, options = trace["tokens"], trace["rule_options"]
+        same = [d == x for d, x in zip(trace["draft_predictions"], tokens)]
+        matched = [s and t == x for s, t, x in zip(same, trace["target_predictions"], tokens)]
+        keepable = [s and h >= options["entropy_threshold"] for s, h in zip(same, trace["gate_entropies"])]
+        return cls(matched, keepable, options["window"])
+
+    def __len__(self) -> int:
+        return len(self.matched)
+
+    def round(self, start: int, drafted: int) -> tuple[int, int | None]:
+        if drafted == 0:
+            return 0, 0
+        # Drafts past the output's end are never accepted. Live, drafts after a drafted EOS are verified like any
+        # others and can complete a window before the output is cut at the EOS: at most one round more in the replay.
+        inside = range(start, start + drafted)
+        delta = torch.tensor([[i < len(self) and self.matched[i] for i in inside]])
+        keep = torch.tensor([[i < len(self) and self.keepable[i] for i in inside]])
+        accepted = deferred_window(delta, self.window) & (delta | keep)
+        return _leading_true(accepted[0]), _leading_true(delta[0])
+
+
+def _leading_true(flags: torch.Tensor) -> int:
+    """How many `True` values a 1-D bool tensor starts with."""
+    rejected = (~flags).nonzero()
+    return int(rejected[0, 0]) if len(rejected) else len(flags)
+
+
 def replay(
     policy: DraftLengthPolicy,
-    runs: list[int],
+    rounds: list[int] | ExactRounds | FlyRounds,
     max_new_tokens: int,
     costs: dict,
     entropies: list[float] | None = None,
     time_noise: float = 0.0,
     rng: random.Random | None = None,
 ) -> dict:
-    """The rounds `policy` would make over one output whose accepted runs are `runs` (its length is the output's).
+    """The rounds `policy` would make over one output: `rounds` says what a round accepts (`FlyRounds`, or
+    `ExactRounds`, which a list of accepted runs stands for); its length is the output's.
 
     As the live loop: a round's budget is min(policy budget, max_new_tokens − emitted − 1); a per-token policy is
     asked after each drafted token but the last of the budget whether to go on, with the distribution of the token
     at that position (`entropies[i]`: H of the draft's q for output token i; past the output's end, the last one),
     and its round ends after the draft, right so far, drafts the output's EOS (an output shorter than
     `max_new_tokens` ends with one), as the live drafter ends a per-token round after an EOS;
-    the rule accepts min(run, drafted), the round emits one more token (cut at the end of the output), and the policy
-    observes the round with the cost model's seconds (`metrics.round_seconds`: the line a + b·k, or v(k) + k·d for
+    the rule accepts what `rounds` says (`exact`: min(run, drafted)), the round emits one more token (cut at the end of
+    the output), and the policy, told the rule's deferred window first as `generate()` tells it, observes the round
+    with the cost model's seconds (`metrics.round_seconds`: the line a + b·k, or v(k) + k·d for
     per-length costs), times exp(σ·z), z ~ N(0, 1) from `rng`, with σ = `time_noise` (a live round's time scatters
     around the model; the returned counts are still priced without noise). Returns
     `{"target_forwards": F, "draft_forwards": D, "new_tokens", "rounds_by_length": {k: rounds that drafted k}}`.
@@ -128,10 +208,14 @@ def replay(
         raise ValueError(f"replay: {type(policy).__name__} decides per drafted token from more than the draft's "
                          f"entropy, which a trace does not hold. Fix: replay fixed-budget policies or "
                          f"{sorted(ENTROPY_POLICIES)}.")
-    ended_by_eos = len(runs) < max_new_tokens  # the output's last token is an EOS
+    if not isinstance(rounds, (ExactRounds, FlyRounds)):
+        rounds = ExactRounds(rounds)
+    length = len(rounds)
+    ended_by_eos = length < max_new_tokens  # the output's last token is an EOS
+    policy.set_deferred_window(rounds.window)
     emitted = forwards = drafted_total = 0
     rounds_by_length: dict[int, int] = {}
-    while emitted < len(runs):
+    while emitted < length:
         budget = max(0, min(policy.max_tokens(), max_new_tokens - emitted - 1))
         drafted = budget
         if policy.decides_per_token and budget > 1:  # read after max_tokens(): tapout narrows it to the round's arm
@@ -149,19 +233,20 @@ def replay(
                 probs = probs_with_entropy(entropies[position]) if policy.reads_draft_probs else None
                 if not policy.keep_drafting(drafted, probs):
                     break
-                if ended_by_eos and position == len(runs) - 1 and runs[emitted] >= drafted:
+                if ended_by_eos and position == length - 1 and rounds.round(emitted, drafted)[0] >= drafted:
                     break
-        accepted = min(runs[emitted], drafted)
+        accepted, matched = rounds.round(emitted, drafted)
         noise = math.exp(time_noise * rng.gauss(0.0, 1.0)) if time_noise > 0 else 1.0
         seconds = metrics.round_seconds(costs, drafted) * noise
         # The drafts reach the output's end (its EOS, drafted and accepted): the live round is cut there.
-        cut = emitted + accepted >= len(runs)
-        policy.observe(RoundOutcome(drafted, accepted, seconds, includes_prefill=forwards == 0, cut=cut))
+        cut = emitted + accepted >= length
+        policy.observe(RoundOutcome(drafted, accepted, seconds, includes_prefill=forwards == 0,
+                                    num_matched=matched, cut=cut))
         forwards += 1
         drafted_total += drafted
         rounds_by_length[drafted] = rounds_by_length.get(drafted, 0) + 1
-        emitted = min(emitted + accepted + 1, len(runs))
-    return {"target_forwards": forwards, "draft_forwards": drafted_total, "new_tokens": len(runs),
+        emitted = min(emitted + accepted + 1, length)
+    return {"target_forwards": forwards, "draft_forwards": drafted_total, "new_tokens": length,
             "rounds_by_length": rounds_by_length}
 
 
@@ -181,6 +266,69 @@ def record_trace(pair: models.ModelPair, prompt: data.Prompt, eos_ids: list[int]
     return {"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_tokens": length,
             "max_new_tokens": prompt.max_new_tokens, "tokens": tokens, "runs": accepted_runs(predictions, tokens),
             "entropies": entropies}
+
+
+@torch.no_grad()
+def record_trace_along(pair: models.ModelPair, prompt: data.Prompt, tokens: list[int], rule_options: dict) -> dict:
+    """Over a recorded output `tokens` of `fly` (`along_outputs`): the draft's and the target's teacher-forced greedy
+    predictions, the target's gate entropy (the rule's `entropy` kind) and the draft's entropy at each position, as
+    `FlyRounds` reads them; `rule_options` are the recorded run's `fly` options (`FLyConfig`, all fields)."""
+    inputs = pair.encode(prompt.text)
+    length = inputs["input_ids"].shape[1]
+    full = torch.cat([inputs["input_ids"], torch.tensor([tokens], dtype=inputs["input_ids"].dtype)], dim=1)
+    over_output = slice(length - 1, length - 1 + len(tokens))
+    target_logits = pair.target(input_ids=full, attention_mask=torch.ones_like(full)).logits[0, over_output].float()
+    draft_logits = pair.draft(input_ids=full, attention_mask=torch.ones_like(full)).logits[0, over_output].float()
+    gate = target_entropy(target_logits.softmax(-1), rule_options["entropy"])
+    return {"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_tokens": length,
+            "max_new_tokens": prompt.max_new_tokens, "tokens": tokens, "rule_options": rule_options,
+            "draft_predictions": draft_logits.argmax(-1).tolist(),
+            "target_predictions": target_logits.argmax(-1).tolist(),
+            "gate_entropies": [round(h, 6) for h in gate.tolist()],
+            "entropies": [round(h, 6) for h in entropy(draft_logits.softmax(-1)).tolist()]}
+
+
+def along_outputs(path: Path, method: str, pair: models.ModelPair, data_dir: Path) -> tuple[list[tuple], dict, str]:
+    """What `--along` replays: for each prompt of the live run at `path`, in its order, (prompt, output ids of
+    `method`), the method's `fly` options (all fields) and a description. The ids are the record's `new_token_ids`
+    (runs since they are kept), else its text encoded again by the pair's tokenizer, checked to decode to the same
+    text with the run's count of new tokens (an EOS that decoding dropped put back)."""
+    results = markdown.load_results(path, "run", "--along")
+    if results["config"].get("sample"):
+        raise ValueError(f"--along {path.name}: that run sampled (--sample), and the replay follows greedy `fly` only "
+                         "(a sampled round's verdict depends on its draws). Fix: pass a greedy run.")
+    described = {m["name"]: m for m in results["methods"]}
+    fly_methods = sorted(name for name, m in described.items() if m.get("rule") == "fly")
+    if described.get(method, {}).get("rule") != "fly":
+        raise ValueError(f"--along-method {method!r}: {path.name} has no `fly` method of that name; its `fly` methods "
+                         f"are {fly_methods}. Fix: pass one of them.")
+    config = FLyConfig(**described[method].get("rule_kwargs", {}))
+    config.validate()
+    pool = {p.prompt_id: p for p in data.load_question_prompts(Path(data_dir) / data.SPECBENCH_FILE, 0)}
+    records = {r["prompt_id"]: r for r in results["records"] if r["method"] == method}
+    eos_ids = metrics.eos_ids_of(pair.target)
+    outputs = []
+    for prompt_id in results["selection"]["prompt_ids"]:
+        if prompt_id not in pool or prompt_id not in records:
+            where = "the data" if prompt_id not in pool else f"{method}'s records"
+            raise ValueError(f"--along {path.name}: prompt {prompt_id!r} is not in {where}. Fix: pass the --data-dir "
+                             "the run used, or a run whose every prompt has a record of the method.")
+        record = records[prompt_id]
+        ids = record.get("new_token_ids")
+        if ids is None:
+            if pair.tokenize is None:
+                raise ValueError(f"--along {path.name}: the records hold no new_token_ids and this pair has no "
+                                 "tokenizer to encode their text. Fix: run the live benchmark again, which keeps them.")
+            ids = pair.tokenize(record["text"])
+            if len(ids) == record["new_tokens"] - 1 and eos_ids:
+                ids = ids + eos_ids[:1]  # the EOS that ended the output, which decoding dropped
+            if len(ids) != record["new_tokens"] or pair.decode(ids) != record["text"]:
+                raise ValueError(f"--along {path.name}: {method}'s text for {prompt_id!r} does not encode back to its "
+                                 f"{record['new_tokens']} new tokens (got {len(ids)}). Fix: run the live benchmark "
+                                 "again, which keeps the ids (new_token_ids).")
+        prompt = pool[prompt_id]
+        outputs.append((data.Prompt(prompt.prompt_id, prompt.category, prompt.text, record["max_new_tokens"]), ids))
+    return outputs, config.all_options(), f"{len(outputs)} prompts of `{path.name}`, along the outputs of `{method}`"
 
 
 def held_out_selection(pool: list[data.Prompt], per_category: int, skip_per_category: int, strategy: str,
@@ -248,15 +396,24 @@ def render(results: dict) -> str:
     else:
         priced = (f"the cost model of `{costs['source']}`: {metrics.describe_costs(costs)}. Modeled tokens/s = new "
                   "tokens / (a·F + b·D)")
+    rule = results.get("rule", "exact")
     lines = [
-        "# Replayed draft-length policies (`exact`, greedy)", "",
+        f"# Replayed draft-length policies (`{rule}`, greedy)", "",
         f"- Target `{results['models']['target']}`, draft `{results['models']['draft']}`; "
         f"{results['selection']}.",
-        f"- Rounds replayed on the recorded accepted runs (`benchmarks/replay.py`), each timed by {priced}, "
-        "geometric mean over the prompts; no timing noise, and no measurement either: a model of this machine.",
+        f"- Rounds replayed on the recorded {'outputs' if rule == 'fly' else 'accepted runs'} "
+        f"(`benchmarks/replay.py`), each timed by {priced}, geometric mean over the prompts; no timing noise, and no "
+        "measurement either: a model of this machine.",
         POLICY_STATE_TEXT[resolution.replay_policy_state(results)]
         + f"Traces recorded in {results['trace_seconds']:.0f} s.",
     ]
+    if rule == "fly":
+        options = results["traces"][0]["rule_options"] if results["traces"] else {}
+        lines.append(f"- Greedy `fly` (W = {options.get('window')}, θ = {options.get('entropy_threshold')}, "
+                     f"`{options.get('entropy')}` entropy) along one text per prompt, whatever the policy: a mismatch "
+                     "the recorded run kept and a shorter round cannot keep counts as a rejection, and the text goes "
+                     "on as recorded (`FlyRounds`). The method that wrote it replays its own rounds; any other is "
+                     "judged on a text it did not write.")
     seeds = sorted({r.get("seed", results["seed"]) for r in results["records"]})
     if results.get("round_time_noise"):
         seeds_text = f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]} to {seeds[-1]}, a fresh policy each"
@@ -297,6 +454,32 @@ def render(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+REPLAY_RULES = ("exact", "fly")
+
+
+def check_along(args: argparse.Namespace, selecting: list[str]) -> None:
+    """`--along` and `--along-method` go with `--rule fly` (unless its traces are reused), and choose the prompts."""
+    if args.rule == "exact" and (args.along is not None or args.along_method is not None):
+        raise ValueError(f"--along {args.along} / --along-method {args.along_method} with --rule exact: `exact` is "
+                         "replayed along the target's own greedy output. Fix: drop them, or pass --rule fly.")
+    if args.rule != "fly":
+        return
+    if args.traces is not None:
+        if args.along is not None or args.along_method is not None:
+            raise ValueError(f"--along {args.along} / --along-method {args.along_method} with --traces "
+                             f"{args.traces}: the saved traces already follow their outputs. Fix: drop --along and "
+                             "--along-method, or --traces.")
+        return
+    if args.along is None or args.along_method is None:
+        raise ValueError(f"--rule fly needs --along RESULTS.json and --along-method NAME (got {args.along}, "
+                         f"{args.along_method}): a relaxed rule's output depends on the rounds, so the replay follows "
+                         "a live run's. Fix: e.g. --along benchmarks/results/draft-length-fly-7-per-category.json "
+                         "--along-method semspec:fly/constant:16.")
+    if selecting:
+        raise ValueError(f"{', '.join(selecting)} with --along: the prompts and budgets are the live run's. Fix: drop "
+                         "them.")
+
+
 SELECTION_DEFAULTS = {"data_dir": data.DEFAULT_DATA_DIR, "prompts_per_category": 1, "skip_per_category": 0,
                       "selection": "shortest", "max_prompt_chars": 300, "max_new_tokens": 64}
 
@@ -311,6 +494,12 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                         "a + b·k) times the rounds")
     parser.add_argument("--verify-cost", type=Path, default=None, help="instead of --costs, a "
                         "benchmarks/verify_cost.py JSON: a round drafting k costs its measured v(k) + k·d")
+    parser.add_argument("--rule", choices=REPLAY_RULES, default="exact", help="the acceptance rule, greedy: 'exact' "
+                        "(default) along the target's own greedy output, or 'fly' along a live run's outputs (--along)")
+    parser.add_argument("--along", type=Path, default=None, help="with --rule fly: a live run's results JSON, whose "
+                        "prompts are replayed along the outputs of --along-method")
+    parser.add_argument("--along-method", default=None, help="with --along: the `fly` method of that run whose outputs "
+                        "the rounds follow, e.g. semspec:fly/constant:16")
     parser.add_argument("--traces", type=Path, default=None, help="reuse the traces of an earlier replay's JSON")
     parser.add_argument("--check", type=Path, default=None, help="a live run on the same prompts to compare F, D with")
     parser.add_argument("--round-time-noise", type=float, default=0.0, help="σ: the policies see each round's "
@@ -342,15 +531,16 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
     if args.traces is not None and given:
         raise ValueError(f"{', '.join(given)} with --traces: the saved traces' prompts and budgets are replayed, so "
                          "these would do nothing. Fix: drop them, or drop --traces to trace a new selection.")
+    check_along(args, [flag for flag in given if flag != "--data-dir"])
     for name, default in SELECTION_DEFAULTS.items():
         if getattr(args, name) is None:
             setattr(args, name, default)
 
     # 1. Methods and costs first: a bad entry fails before any model loads.
     specs = methods.parse_draft_lengths(args.draft_lengths)
-    default_tokens = RULES.get("exact").default_num_draft_tokens
-    built = [(f"semspec:exact/{s.label}", s, methods.build_policy(s.policy, s.tokens, default_tokens, dict(s.options)))
-             for s in specs]
+    default_tokens = RULES.get(args.rule).default_num_draft_tokens
+    built = [(f"semspec:{args.rule}/{s.label}", s,
+              methods.build_policy(s.policy, s.tokens, default_tokens, dict(s.options))) for s in specs]
     for name, _, policy in built:
         if not replayable(policy):
             raise ValueError(f"--draft-lengths: {name} decides per drafted token from more than the draft's entropy; "
@@ -369,11 +559,26 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                          "--verify-cost (per-length costs).")
     costs = load_costs(args.costs) if args.costs is not None else metrics.per_length_costs(args.verify_cost)
 
-    # 2. Traces: the target's greedy output and the draft's predictions over it, per prompt.
+    # 2. Traces: per prompt, the output (`exact`: the target's greedy one; `fly`: a live run's) and the models'
+    # predictions over it.
     if args.traces is not None:
         saved = markdown.load_results(args.traces, "replay", "--traces")
+        if saved.get("rule", "exact") != args.rule:
+            raise ValueError(f"--traces {args.traces}: its traces are of rule {saved.get('rule', 'exact')!r}, not "
+                             f"--rule {args.rule!r}. Fix: pass --rule {saved.get('rule', 'exact')}, or other traces.")
         traces, selection, model_names, trace_seconds = (saved["traces"], saved["selection"], saved["models"],
                                                          saved["trace_seconds"])
+    elif args.rule == "fly":
+        pair = load_pair("qwen", cache_dir=args.cache_dir)
+        model_names = {"target": pair.target_name, "draft": pair.draft_name}
+        outputs, rule_options, selection = along_outputs(args.along, args.along_method, pair, args.data_dir)
+        start = time.perf_counter()
+        traces = []
+        for i, (prompt, tokens) in enumerate(outputs):
+            traces.append(record_trace_along(pair, prompt, tokens, rule_options))
+            print(f"trace {i + 1}/{len(outputs)}: {prompt.prompt_id} ({prompt.category}), {len(tokens)} tokens",
+                  flush=True)
+        trace_seconds = time.perf_counter() - start
     else:
         pool = data.load_question_prompts(args.data_dir / data.SPECBENCH_FILE, args.max_new_tokens)
         pool, _ = data.drop_long(pool, args.max_prompt_chars or None)
@@ -401,15 +606,16 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
                 if key not in instances:
                     instances[key] = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
                 policy = instances[key]
-                counts = replay(policy, trace["runs"], trace["max_new_tokens"], costs, trace.get("entropies"),
+                rounds = FlyRounds.of_trace(trace) if args.rule == "fly" else trace["runs"]
+                counts = replay(policy, rounds, trace["max_new_tokens"], costs, trace.get("entropies"),
                                 args.round_time_noise, rng)
                 records.append({"method": name, "prompt_id": trace["prompt_id"], "category": trace["category"],
                                 "seed": seed, **counts})
     results = {
         "models": model_names, "selection": selection, "costs": costs, "trace_seconds": trace_seconds,
         "round_time_noise": args.round_time_noise, "seed": args.seed, "seeds": args.seeds,
-        "policy_state": args.policy_state,
-        "methods": [{"name": name, "rule": "exact", "draft_length": spec.policy,
+        "policy_state": args.policy_state, "rule": args.rule,
+        "methods": [{"name": name, "rule": args.rule, "draft_length": spec.policy,
                      "draft_length_kwargs": dict(spec.options), "gamma": spec.tokens,
                      "draft_length_config": policy.config.all_options()} for name, spec, policy in built],
         "records": records, "traces": traces,

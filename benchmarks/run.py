@@ -452,8 +452,6 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     aggregates["cost_model"] = metrics.fit_round_costs(records)
     if per_length_costs is not None:
         aggregates["per_length_costs"] = per_length_costs
-    for r in records:
-        del r["new_token_ids"]  # compared above; the text stays in the results
 
     # 8. Outputs.
     results = {

@@ -10,6 +10,7 @@ import json
 import math
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -26,6 +27,7 @@ from hf_semspec.draft_length.svip import SVIPPolicy  # noqa: E402
 from hf_semspec.errors import SemSpecConfigError  # noqa: E402
 from hf_semspec.rules import RULES  # noqa: E402
 from hf_semspec.rules.exact import ExactRule  # noqa: E402
+from hf_semspec.rules.fly import FLyConfig  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------------------
 # GSM8K final-number parser
@@ -539,11 +541,8 @@ def test_end_to_end_with_draft_length_policies(tmp_path):
     argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
             "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "exact",
             "--draft-lengths", "constant:2,svip", "--no-profile-breakdown"]
-    threads = torch.get_num_threads()
-    try:
+    with thread_count_kept():
         results = run.main(argv, load_pair=tiny_pair)
-    finally:
-        torch.set_num_threads(threads)
     overall = results["aggregates"]["overall"]
     for name in ("semspec:exact/constant:2", "semspec:exact/svip"):
         assert overall[name]["identical_to_plain"] == 1.0  # every policy keeps exact lossless
@@ -623,6 +622,16 @@ def tiny_pair(pair: str, **_options) -> models.ModelPair:
                             "tiny-target", "tiny-draft", {"target_dtype": "float32", "draft_dtype": "float32"})
 
 
+@contextmanager
+def thread_count_kept():
+    """`run.main` sets the process's thread count (`--threads`): leave other tests as they were."""
+    threads = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
 def write_tiny_data(folder: Path) -> None:
     folder.mkdir(parents=True, exist_ok=True)
     questions = [
@@ -644,11 +653,8 @@ def tiny_run(tmp_path_factory):
     argv = ["--profile", "quick", "--data-dir", str(folder / "data"), "--output-dir", str(folder / "out"),
             "--max-new-tokens", "8", "--gsm8k", "1", "--gsm8k-max-new-tokens", "8",
             "--threads", "1"]
-    threads = torch.get_num_threads()
-    try:
+    with thread_count_kept():
         yield run.main(argv, load_pair=tiny_pair), folder / "out"
-    finally:
-        torch.set_num_threads(threads)  # main() sets the process's thread count; leave other tests as they were
 
 
 def test_end_to_end_every_registered_rule_appears(tiny_run):
@@ -751,12 +757,9 @@ def test_a_failing_generation_fails_the_run(tmp_path, monkeypatch):
     argv = ["--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--rules", "exact",
             "--max-new-tokens", "8", "--gsm8k", "0", "--limit", "1", "--no-profile-breakdown",
             "--threads", "1"]
-    threads = torch.get_num_threads()
-    try:
+    with thread_count_kept():
         with pytest.raises(RuntimeError, match="boom"):
             run.main(argv, load_pair=tiny_pair)
-    finally:
-        torch.set_num_threads(threads)
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
@@ -991,13 +994,10 @@ def test_merge_end_to_end_on_two_tiny_runs(tmp_path):
     verify = tmp_path / "verify.json"  # run.py --verify-cost stores a verify_cost.py measurement with the run
     verify.write_text(json.dumps({"verify_seconds": {str(k): 0.5 + 0.01 * k for k in range(41)}, "draft_step": 0.1,
                                   "prompt_tokens": 51}))
-    threads = torch.get_num_threads()
-    try:
+    with thread_count_kept():
         sweep = run.main(common + ["--name", "sweep", "--draft-lengths", "constant:2,constant:4", "--verify-cost",
                                    str(verify)], load_pair=tiny_pair)
         run.main(common + ["--name", "new", "--draft-lengths", "constant:2,best_constant"], load_pair=tiny_pair)
-    finally:
-        torch.set_num_threads(threads)
     assert sweep["aggregates"]["per_length_costs"]["source"] == "verify.json"
     out = tmp_path / "out"
     merge.main([str(out / "sweep.json"), str(out / "new.json"), "--name", "merged"])
@@ -1019,12 +1019,9 @@ def test_pool_end_to_end_on_a_tiny_run_and_its_held_out_prompts(tmp_path):
     common = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
               "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "exact", "--skip-stock",
               "--no-profile-breakdown", "--draft-lengths", "constant:2,heuristic"]
-    threads = torch.get_num_threads()
-    try:
+    with thread_count_kept():
         first = run.main(common + ["--name", "first"], load_pair=tiny_pair)
         held_out = run.main(common + ["--name", "held", "--skip-per-category", "1"], load_pair=tiny_pair)
-    finally:
-        torch.set_num_threads(threads)
     assert not set(first["selection"]["prompt_ids"]) & set(held_out["selection"]["prompt_ids"])
     out = tmp_path / "out"
     merge.main([str(out / "first.json"), str(out / "held.json"), "--name", "pooled", "--pool"])
@@ -1370,6 +1367,134 @@ def test_replay_policy_state_category_learns_each_category_on_its_own_prompts(tm
     assert "one instance per category (`--policy-state category`)" in (tmp_path / "out" / "kind.md").read_text()
 
 
+def _fly_rounds(marks: str, window: int) -> replay.FlyRounds:
+    """`FlyRounds` from one mark per output position: `.` the draft predicts the output token, which is the target's;
+    `k` it predicts the output token, which the target does not, at an uncertain position (the gate passes); `p` the
+    same at a peaked position (the gate blocks); `x` the draft predicts another token than the output's."""
+    return replay.FlyRounds([m == "." for m in marks], [m == "k" for m in marks], window)
+
+
+def test_fly_rounds_follow_the_rules_worked_examples():
+    # hf_semspec/rules/fly.py's worked examples (γ = 5, W = 3): a mismatch is kept when the gate passes and the W − 1
+    # drafts after it match, with i + W < γ; the round accepts up to its first draft that is not accepted.
+    assert _fly_rounds("k..k.", 3).round(0, 5) == (3, 0)  # (a): i = 0 kept; i = 3 has no room for the window
+    assert _fly_rounds("k.k..", 3).round(0, 5) == (0, 0)  # (b): the window of i = 0 holds the mismatch at 2
+    assert _fly_rounds(".p...", 3).round(0, 5) == (1, 1)  # (c): window complete, the gate blocks
+    assert _fly_rounds(".k...", 3).round(0, 5) == (5, 1)  # (d): kept, every draft accepted
+    assert _fly_rounds("..k..", 3).round(0, 5) == (2, 2)  # (e): i = 2 + 3 = γ, strict
+    # The draft leaving the text is never kept (the trace cannot follow it); the same marks from another start, and
+    # a round reaching past the output's end, which accepts through the end only.
+    assert _fly_rounds(".x...", 3).round(0, 5) == (1, 1)
+    assert _fly_rounds("xk...", 3).round(1, 5) == (4, 0)
+    assert _fly_rounds("...", 3).round(1, 4) == (2, 2)
+    assert _fly_rounds("...", 3).round(1, 0) == (0, 0)
+
+
+@pytest.mark.parametrize("entry", ["constant:4", "constant:6", "svip(threshold=0.45)", "cost_aware(cost_ratio=0.2)",
+                                   "cost_aware(cost_ratio=0.2;flip_prior=0.9)"])
+def test_fly_replay_reproduces_the_live_loop_along_its_output_on_tiny_models(entry):
+    # A live fly generation, then the trace along its output: replaying the same policy makes the same target forwards
+    # and drafted tokens, the kept mismatches included (fixed lengths keep some with W = 2 and the gate off; per-token
+    # policies stop before a window fits on these tiny models). cost_aware pricing the window decides otherwise than
+    # without it only if the replay tells it the rule's W, as generate() does.
+    pair = tiny_pair("tiny")
+    prompt = data.Prompt("p", "c", "Write a long poem about the sea.", 24)
+    rule_kwargs = {"window": 2, "entropy_threshold": 0.0}
+    (spec,) = methods.parse_draft_lengths(entry)
+    hf_semspec.attach(pair.target)
+    try:
+        out = pair.target.generate(**pair.encode(prompt.text), assistant_model=pair.draft, acceptance="fly",
+                                   acceptance_kwargs=rule_kwargs, max_new_tokens=24, min_new_tokens=24,
+                                   draft_length=methods.build_policy(spec.policy, spec.tokens, 15, dict(spec.options)),
+                                   return_dict_in_generate=True)
+    finally:
+        hf_semspec.detach(pair.target)
+    tokens = out.sequences[0, -24:].tolist()
+    options = FLyConfig(**rule_kwargs).all_options()
+    trace = replay.record_trace_along(pair, prompt, tokens, options)
+    replayed = replay.replay(methods.build_policy(spec.policy, spec.tokens, 15, dict(spec.options)),
+                             replay.FlyRounds.of_trace(trace), 24, COSTS, trace["entropies"])
+    stats = out.acceptance_stats
+    assert (replayed["target_forwards"], replayed["draft_forwards"]) == (stats.num_target_forwards, stats.num_drafted)
+    kept = sum(d == x != t for d, x, t in zip(trace["draft_predictions"], tokens, trace["target_predictions"]))
+    assert kept > 0 if spec.policy == "constant" else 0 < stats.num_accepted < stats.num_drafted
+
+
+def test_fly_replay_end_to_end_along_a_live_run(tmp_path):
+    # A live run with fly keeps each output's ids; the replay along one method's outputs makes that method's rounds
+    # (--check against the same run), and its traces are reused with --traces.
+    write_tiny_data(tmp_path / "data")
+    argv = ["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
+            "--max-new-tokens", "12", "--gsm8k", "0", "--threads", "1", "--rules", "fly",
+            "--acceptance-kwargs", '{"fly": {"window": 2, "entropy_threshold": 0.0}}',
+            "--draft-lengths", "constant:3,constant:6", "--no-profile-breakdown"]
+    with thread_count_kept():
+        live = run.main(argv, load_pair=tiny_pair)
+    live_file = tmp_path / "out" / "quick.json"
+    assert all(len(r["new_token_ids"]) == r["new_tokens"] for r in json.loads(live_file.read_text())["records"])
+    assert live["aggregates"]["overall"]["semspec:fly/constant:6"]["identical_to_plain"] < 1  # it kept mismatches
+    costs_file = tmp_path / "costs.json"
+    costs_file.write_text(json.dumps({"aggregates": {"cost_model": {**COSTS, "r2": 1.0}}, "records": []}))
+    along = ["--rule", "fly", "--along", str(live_file), "--along-method", "semspec:fly/constant:6",
+             "--data-dir", str(tmp_path / "data"), "--costs", str(costs_file), "--output-dir", str(tmp_path / "out"),
+             "--draft-lengths", "constant:3,constant:6,tapout"]
+    results = replay.main(along + ["--name", "along", "--check", str(live_file)], load_pair=tiny_pair)
+    prompts = live["selection"]["prompt_ids"]
+    assert [t["prompt_id"] for t in results["traces"]] == prompts
+    assert results["check"]["semspec:fly/constant:6"] == {"identical": len(prompts), "prompts": len(prompts),
+                                                          "modeled_ratio": pytest.approx(1.0)}
+    assert results["traces"][0]["rule_options"]["window"] == 2 and results["rule"] == "fly"
+    text = (tmp_path / "out" / "along.md").read_text()
+    assert text.startswith("# Replayed draft-length policies (`fly`, greedy)") and "W = 2, θ = 0.0" in text
+    again = replay.main(["--rule", "fly", "--traces", str(tmp_path / "out" / "along.json"), "--costs", str(costs_file),
+                         "--output-dir", str(tmp_path / "out"), "--draft-lengths", "constant:3,constant:6,tapout",
+                         "--name", "again"],
+                        load_pair=lambda *a, **k: pytest.fail("reusing traces must not load models"))
+    assert again["records"] == results["records"]
+
+
+def test_fly_replay_refuses_what_it_cannot_follow(tmp_path):
+    argv, costs_file = _replay_argv(tmp_path, "constant:2")
+    with pytest.raises(ValueError, match=r"--rule fly needs --along RESULTS.json and --along-method NAME"):
+        replay.main(argv + ["--rule", "fly"], load_pair=tiny_pair)
+    with pytest.raises(ValueError, match=r"with --rule exact: .* Fix: drop them, or pass --rule fly"):
+        replay.main(argv + ["--along", str(costs_file)], load_pair=tiny_pair)
+    with pytest.raises(ValueError, match=r"--max-new-tokens with --along: the prompts and budgets are the live run's"):
+        replay.main(argv + ["--rule", "fly", "--along", str(costs_file), "--along-method", "m"], load_pair=tiny_pair)
+    exact = replay.main(argv + ["--name", "exact"], load_pair=tiny_pair)
+    with pytest.raises(ValueError, match=r"its traces are of rule 'exact', not --rule 'fly'"):
+        replay.main(_traced(argv, tmp_path / "out" / "exact.json") + ["--rule", "fly"], load_pair=tiny_pair)
+    with pytest.raises(ValueError, match=r"with --traces .*exact.json: the saved traces already follow their outputs"):
+        replay.main(_traced(argv, tmp_path / "out" / "exact.json") + ["--rule", "fly", "--along", str(costs_file),
+                                                                      "--along-method", "m"], load_pair=tiny_pair)
+    live = {"config": {}, "machine": {}, "methods": [{"name": "semspec:exact/constant:2", "rule": "exact"},
+                                                     {"name": "semspec:fly/constant:8", "rule": "fly"}],
+            "selection": {"prompt_ids": [t["prompt_id"] for t in exact["traces"]]}, "aggregates": {}, "records": []}
+    live_file = tmp_path / "live-run.json"
+    live_file.write_text(json.dumps(live))
+    pair = tiny_pair("tiny")
+    with pytest.raises(ValueError, match=r"no `fly` method of that name; its `fly` methods are "
+                                         r"\['semspec:fly/constant:8'\]"):
+        replay.along_outputs(live_file, "semspec:exact/constant:2", pair, tmp_path / "data")
+    with pytest.raises(ValueError, match=r"is not in semspec:fly/constant:8's records"):
+        replay.along_outputs(live_file, "semspec:fly/constant:8", pair, tmp_path / "data")
+    live["records"] = [{"prompt_id": p, "method": "semspec:fly/constant:8", "text": "1 2", "new_tokens": 2,
+                        "max_new_tokens": 12} for p in live["selection"]["prompt_ids"]]
+    live_file.write_text(json.dumps(live))
+    with pytest.raises(ValueError, match=r"no new_token_ids and this pair has no tokenizer"):
+        replay.along_outputs(live_file, "semspec:fly/constant:8", pair, tmp_path / "data")
+    pair.tokenize = lambda text: [int(c) for c in text.split()] + [7]  # one id too many: no round trip
+    with pytest.raises(ValueError, match=r"does not encode back to its 2 new tokens \(got 3\)"):
+        replay.along_outputs(live_file, "semspec:fly/constant:8", pair, tmp_path / "data")
+    pair.tokenize = lambda text: [int(c) for c in text.split()]
+    outputs, options, _ = replay.along_outputs(live_file, "semspec:fly/constant:8", pair, tmp_path / "data")
+    assert [ids for _, ids in outputs] == [[1, 2]] * len(live["records"]) and options["window"] == 6
+    live["config"]["sample"] = True
+    live_file.write_text(json.dumps(live))
+    with pytest.raises(ValueError, match=r"that run sampled \(--sample\), and the replay follows greedy `fly` only"):
+        replay.along_outputs(live_file, "semspec:fly/constant:8", pair, tmp_path / "data")
+
+
 def test_window_flips_counts_first_mismatches_with_a_full_window():
     from benchmarks.window_flips import trials_and_kept
     from hf_semspec.draft_length import RoundOutcome
@@ -1425,15 +1550,12 @@ def test_the_timed_loop_starts_the_policies_that_learn_untrained(tmp_path, monke
         return timed_loop(method_list, *args, **kwargs)
 
     monkeypatch.setattr(run, "timed_loop", checking)
-    threads = torch.get_num_threads()
-    try:
+    with thread_count_kept():
         run.main(["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"),
                   "--max-new-tokens", "12", "--gsm8k", "0", "--threads", "1", "--rules", "exact", "--skip-stock",
                   "--no-profile-breakdown", "--draft-lengths",
                   'heuristic,tapout(arms=["constant:2","constant:5"];reward=tokens_per_forward)'],
                  load_pair=tiny_pair)
-    finally:
-        torch.set_num_threads(threads)
     heuristic = seen["semspec:exact/heuristic"]
     assert heuristic[0] == heuristic[2] is not None  # at its first length, not where the warm-up left it
     tapout = next(v for k, v in seen.items() if "tapout" in k)

@@ -250,6 +250,18 @@ def replay(
             "rounds_by_length": rounds_by_length}
 
 
+def logits_over_output(model: torch.nn.Module, full: torch.LongTensor, prompt_length: int, count: int) -> torch.Tensor:
+    """`model`'s teacher-forced logits `(count, vocab)` at the positions that predict the `count` tokens after the
+    prompt in `full` (`(1, prompt_length + count)`), in the model's dtype."""
+    logits = model(input_ids=full, attention_mask=torch.ones_like(full)).logits
+    return logits[0, prompt_length - 1 : prompt_length - 1 + count]
+
+
+def _rounded(values: torch.Tensor) -> list[float]:
+    """A trace's floats: 6 decimals keep the JSON small and the bins exact."""
+    return [round(v, 6) for v in values.tolist()]
+
+
 @torch.no_grad()
 def record_trace(pair: models.ModelPair, prompt: data.Prompt, eos_ids: list[int]) -> dict:
     """The target's greedy output for `prompt`, and over it the draft's teacher-forced predictions and the entropy
@@ -258,11 +270,9 @@ def record_trace(pair: models.ModelPair, prompt: data.Prompt, eos_ids: list[int]
     length = inputs["input_ids"].shape[1]
     out = type(pair.target).generate(pair.target, **inputs, do_sample=False, max_new_tokens=prompt.max_new_tokens)
     tokens = metrics.new_token_ids(out, length, eos_ids)
-    full = out[:, : length + len(tokens)]
-    logits = pair.draft(input_ids=full, attention_mask=torch.ones_like(full)).logits
-    over_output = logits[0, length - 1 : length - 1 + len(tokens)]
+    over_output = logits_over_output(pair.draft, out[:, : length + len(tokens)], length, len(tokens))
     predictions = over_output.argmax(-1).tolist()
-    entropies = [round(h, 6) for h in entropy(over_output.softmax(-1)).tolist()]
+    entropies = _rounded(entropy(over_output.softmax(-1)))
     return {"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_tokens": length,
             "max_new_tokens": prompt.max_new_tokens, "tokens": tokens, "runs": accepted_runs(predictions, tokens),
             "entropies": entropies}
@@ -276,16 +286,14 @@ def record_trace_along(pair: models.ModelPair, prompt: data.Prompt, tokens: list
     inputs = pair.encode(prompt.text)
     length = inputs["input_ids"].shape[1]
     full = torch.cat([inputs["input_ids"], torch.tensor([tokens], dtype=inputs["input_ids"].dtype)], dim=1)
-    over_output = slice(length - 1, length - 1 + len(tokens))
-    target_logits = pair.target(input_ids=full, attention_mask=torch.ones_like(full)).logits[0, over_output].float()
-    draft_logits = pair.draft(input_ids=full, attention_mask=torch.ones_like(full)).logits[0, over_output].float()
-    gate = target_entropy(target_logits.softmax(-1), rule_options["entropy"])
+    target_logits = logits_over_output(pair.target, full, length, len(tokens)).float()
+    draft_logits = logits_over_output(pair.draft, full, length, len(tokens)).float()
     return {"prompt_id": prompt.prompt_id, "category": prompt.category, "prompt_tokens": length,
             "max_new_tokens": prompt.max_new_tokens, "tokens": tokens, "rule_options": rule_options,
             "draft_predictions": draft_logits.argmax(-1).tolist(),
             "target_predictions": target_logits.argmax(-1).tolist(),
-            "gate_entropies": [round(h, 6) for h in gate.tolist()],
-            "entropies": [round(h, 6) for h in entropy(draft_logits.softmax(-1)).tolist()]}
+            "gate_entropies": _rounded(target_entropy(target_logits.softmax(-1), rule_options["entropy"])),
+            "entropies": _rounded(entropy(draft_logits.softmax(-1)))}
 
 
 def along_outputs(path: Path, method: str, pair: models.ModelPair, data_dir: Path) -> tuple[list[tuple], dict, str]:
@@ -596,17 +604,17 @@ def main(argv: list[str] | None = None, load_pair=models.load_pair) -> dict:
         trace_seconds = time.perf_counter() - start
 
     # 3. Replay every policy over the prompts: one instance per key of --policy-state (the run, a prompt, a category).
+    rounds_of = [FlyRounds.of_trace(trace) if args.rule == "fly" else trace["runs"] for trace in traces]
     records = []
     for name, spec, _ in built:
         for seed in range(args.seed, args.seed + args.seeds):
             instances = {}  # every seed replays from untrained policies
             rng = random.Random(seed)
-            for trace in traces:
+            for trace, rounds in zip(traces, rounds_of):
                 key = methods.policy_key(args.policy_state, trace["prompt_id"], trace["category"])
                 if key not in instances:
                     instances[key] = methods.build_policy(spec.policy, spec.tokens, default_tokens, dict(spec.options))
                 policy = instances[key]
-                rounds = FlyRounds.of_trace(trace) if args.rule == "fly" else trace["runs"]
                 counts = replay(policy, rounds, trace["max_new_tokens"], costs, trace.get("entropies"),
                                 args.round_time_noise, rng)
                 records.append({"method": name, "prompt_id": trace["prompt_id"], "category": trace["category"],

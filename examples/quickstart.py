@@ -58,10 +58,14 @@ def main() -> None:
              else hf_semspec.rules.RULES.get(args.acceptance).default_num_draft_tokens)
     draft.generation_config.num_assistant_tokens = gamma  # stock assisted generation reads γ from the draft
     draft.generation_config.num_assistant_tokens_schedule = "constant"
+    # Stock keeps transformers' other defaults, as a user gets them: it also ends a round when the draft's confidence
+    # in its token falls below `assistant_confidence_threshold` (0.4), so it drafts up to γ, not always γ.
+    threshold = draft.generation_config.assistant_confidence_threshold
+    stock_label = f"stock assisted (γ≤{gamma}, stop<{threshold})" if threshold else f"stock assisted (γ={gamma})"
 
     runs = {
         "plain target": lambda: target.generate(**inputs, **common),
-        f"stock assisted (γ={gamma})": lambda: target.generate(**inputs, assistant_model=draft, **common),
+        stock_label: lambda: target.generate(**inputs, assistant_model=draft, **common),
         f"hf_semspec {args.acceptance} (γ={gamma})": lambda: target.generate(
             **inputs, assistant_model=draft, acceptance=args.acceptance, num_assistant_tokens=gamma, **common
         ),

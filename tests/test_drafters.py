@@ -428,6 +428,20 @@ def test_push_to_hub_compares_the_head_with_the_embedding_once_for_the_card_and_
     assert "tied to the input embedding: only the kept ids are stored" in ModelCard.load(api.keep_dir / "README.md").text
 
 
+def test_the_cards_file_list_names_tokenizer_files_only_when_they_are_uploaded(tmp_path, draft_model, tokenizer):
+    drafter = prune_vocabulary(draft_model, tokenizer, ["dog cat sat on a mat"], keep=0.5)
+    drafter.tokenizer = None  # as after from_pretrained(..., load_tokenizer=False)
+    for given, folder in ((None, "without"), (tokenizer, "with")):
+        api = RecordingApi(tmp_path / folder)
+        drafter.push_to_hub("someone/tiny", tokenizer=given, api=api)
+        uploaded = {p.name for p in api.keep_dir.iterdir()}
+        card = ModelCard.load(api.keep_dir / "README.md").text
+        assert ("tokenizer_config.json" in uploaded) is (given is not None)
+        assert ("| tokenizer files | the base model's tokenizer |" in card) is (given is not None)
+        assert "| `pruned_head.safetensors` | `kept_token_ids`" in card and "RDK kernel (`rdk_indices`" not in card
+    assert "| tokenizer files |" not in drafter.model_card().text
+
+
 def test_push_to_hub_rejects_a_bad_repo_id(draft_model, tokenizer, tmp_path):
     drafter = prune_vocabulary(draft_model, tokenizer, keep_ids=[10])
     api = RecordingApi(tmp_path / "never")
@@ -454,6 +468,26 @@ def test_push_to_hub_rejects_a_bad_repo_id(draft_model, tokenizer, tmp_path):
 def test_bad_keep(draft_model, tokenizer, keep, match):
     with pytest.raises(SemSpecConfigError, match=match):
         prune_vocabulary(draft_model, tokenizer, ["dog"], keep=keep)
+
+
+def test_keep_takes_numpy_numbers_as_pythons(draft_model, tokenizer):
+    import numpy as np
+
+    for keep, size in ((np.int64(20), 20), (np.float32(0.25), 32)):
+        assert prune_vocabulary(draft_model, tokenizer, ["dog cat"], keep=keep).num_kept == size
+
+
+def test_a_missing_tokenizer_is_named(draft_model):
+    with pytest.raises(SemSpecConfigError, match=r"`tokenizer` = None is not valid: allowed the model's tokenizer"):
+        prune_vocabulary(draft_model, None, ["dog"], keep=20)
+
+
+def test_a_model_whose_base_model_is_itself_is_refused(draft_model, tokenizer, monkeypatch):
+    # As Llama4ForCausalLM: base_model_prefix "language_model", backbone stored as .model, so base_model is the LM.
+    monkeypatch.setattr(type(draft_model), "base_model_prefix", "language_model")
+    with pytest.raises(SemSpecConfigError, match=r"`model` = 'LlamaForCausalLM' is not valid: allowed a causal LM "
+                                                 r"whose backbone is the attribute its base_model_prefix names"):
+        prune_vocabulary(draft_model, tokenizer, ["dog"], keep=20)
 
 
 @pytest.mark.parametrize("corpus", [[], [""], ["   "]])

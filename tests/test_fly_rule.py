@@ -122,6 +122,15 @@ def test_window_uses_raw_matches_so_flips_do_not_chain():
     assert deferred_window(delta, 2).tolist() == [[False, True, True, True, True, True]]
 
 
+@pytest.mark.parametrize("window", [6, 7, 2**62, 2**63 - 1])
+def test_a_window_as_long_as_the_block_or_longer_keeps_nothing(window):
+    # W ≥ γ leaves no position with W drafts after it inside the block; a huge W (the config allows any W ≥ 1) once
+    # overflowed `i + W` in int64 and raised an IndexError mid-decode.
+    delta = torch.tensor([[True, False, True, True, True, True]])
+    assert deferred_window(delta, window).tolist() == delta.tolist()
+    assert fly(window=window).verify(single_mismatch_block(6, 1)).num_accepted.item() == 1
+
+
 @pytest.mark.parametrize("mismatch_at", range(8))
 def test_block_end_falls_back_to_strict(mismatch_at):
     """γ = 8, W = 3: as in the authors' code the last W positions (5, 6, 7) keep their exact verdict, so a mismatch

@@ -92,6 +92,9 @@ def test_pruned_drafter_card_default_license_when_unknown(target):
     metadata = card.data.to_dict()
     assert metadata["license"] == DEFAULT_LICENSE and "base_model" not in metadata
     assert "could not be determined" in card.text and "20 (15.6%)" in card.text
+    given = drafter.model_card(license="mit")
+    assert given.data.to_dict()["license"] == "mit" and "the license of the base model" not in given.text
+    assert "whose license could not be determined when this drafter was made" in given.text
 
 
 def test_license_and_base_model_inherited_from_the_base_models_folder(tmp_path, target):
@@ -105,6 +108,8 @@ def test_license_and_base_model_inherited_from_the_base_models_folder(tmp_path, 
     metadata = drafter.model_card(repo_id="me/tiny").data.to_dict()
     assert metadata["license"] == "apache-2.0" and metadata["base_model"] == "Org/Tiny-Base"
     assert drafter.model_card(license="mit").data.to_dict()["license"] == "mit"  # an explicit license wins
+    assert "`apache-2.0`, the license of the base model, applies" in drafter.model_card().text
+    assert "`apache-2.0`, the license of the base model" in drafter.model_card(license="apache-2.0").text
 
 
 def test_templates_location(monkeypatch, tmp_path):
@@ -139,7 +144,12 @@ def test_a_base_licence_other_keeps_its_name_and_link(tmp_path, target):
     metadata = card.data.to_dict()
     assert (metadata["license"], metadata["license_name"], metadata["license_link"]) == ("other", "tiny-research", link)
     assert f"`other` (`tiny-research`, {link})" in card.text
-    assert "license_name" not in drafter.model_card(license="mit").data.to_dict()  # not another license's terms
+    other = drafter.model_card(license="mit")
+    assert "license_name" not in other.data.to_dict()  # not another license's terms
+    # Another license is the uploader's: the card does not call it the base model's, and names the base's.
+    assert "the license of the base model" not in other.text
+    assert "The uploader set the license `mit` for these weights" in other.text
+    assert f"whose license was recorded as `other` (`tiny-research`, {link}) when this drafter was made" in other.text
 
 
 def test_a_template_saved_with_a_byte_order_mark(monkeypatch, tmp_path):

@@ -124,24 +124,50 @@ def _describe_selection(selection: dict) -> list[tuple[str, str]]:
     return rows
 
 
-def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | None = None):
-    """The README of a pruned drafter (`info` = its `pruning_config.json`), as a checked `ModelCard`."""
+def _files(rdk: bool, with_tokenizer: bool) -> list[tuple[str, str]]:
+    """The rows of a pruned drafter card's file list: what `PrunedVocabDrafter.push_to_hub` uploads."""
+    head = "`kept_token_ids`, the sliced head rows unless the head is tied to the input embedding" + (
+        ", and the RDK kernel (`rdk_indices`, `rdk_weights`)" if rdk else "")
+    rows = [
+        ("`config.json`, `generation_config.json`", "the base model's configs (full vocabulary size)"),
+        ("`model.safetensors`", "the base model's backbone (no LM head)"),
+        ("`pruned_head.safetensors`", head),
+        ("`pruning_config.json`", "how the keep set (and kernel) were chosen: the facts in the table above"),
+    ]
+    if with_tokenizer:
+        rows.append(("tokenizer files", "the base model's tokenizer"))
+    rows.append(("`custom_generate/`", "hf_semspec's decoding method for `generate(custom_generate=...)`"))
+    return rows
+
+
+def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | None = None,
+                        with_tokenizer: bool = True):
+    """The README of a pruned drafter (`info` = its `pruning_config.json`), as a checked `ModelCard`.
+
+    `license` is the license of the uploaded weights (default: the base model's, `info["license"]`, recorded when the
+    drafter was made); `with_tokenizer` says whether tokenizer files go with the weights (the card's file list)."""
     from huggingface_hub import ModelCardData
 
     base_model = info.get("base_model")
-    license_value = license or info.get("license") or DEFAULT_LICENSE
-    # The base card's name and link of its license (how a license "other" names its terms), unless another
-    # license was given for the card.
-    terms = {key: info[key] for key in ("license_name", "license_link")
-             if info.get(key) and license_value == info.get("license")}
-    if license or info.get("license"):
-        named = ", ".join(
-            value for value in (f"`{terms['license_name']}`" if "license_name" in terms else None,
-                                terms.get("license_link")) if value
-        )
+    recorded = info.get("license")  # the base model's, as read (or given) when the drafter was made
+    license_value = license or recorded or DEFAULT_LICENSE
+    # The base card's name and link of its license (how a license "other" names its terms).
+    base_terms = {key: info[key] for key in ("license_name", "license_link") if info.get(key)}
+    named = ", ".join(
+        value for value in (f"`{base_terms['license_name']}`" if "license_name" in base_terms else None,
+                            base_terms.get("license_link")) if value
+    )
+    base_license = f"`{recorded}`{f' ({named})' if named else ''}" if recorded else None
+    if license_value == recorded:
+        license_note = f"{base_license}, the license of the base model, applies to these weights."
+    elif license:
+        # Another license than the recorded one: the uploader's choice, which the card must not call the base's.
         license_note = (
-            f"`{license_value}`{f' ({named})' if named else ''}, the license of the base model, applies to these "
-            "weights."
+            f"The uploader set the license `{license_value}` for these weights. They are derived from the base model"
+            f"{f' (`{base_model}`)' if base_model else ''}, whose license "
+            + (f"was recorded as {base_license} when this drafter was made" if base_license
+               else "could not be determined when this drafter was made")
+            + "; check that its terms allow this one."
         )
     else:
         license_note = (
@@ -149,6 +175,7 @@ def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | N
             f"`{DEFAULT_LICENSE}`: the license of the base model{f' (`{base_model}`)' if base_model else ''} applies "
             "to these weights; check it before use."
         )
+    terms = base_terms if license_value == recorded else {}
     rdk = info.get("rdk")
     tags = ["hf_semspec", "speculative-decoding", "draft-model", "pruned-vocabulary"] + (["rdk"] if rdk else [])
     data = ModelCardData(
@@ -211,6 +238,7 @@ def pruned_drafter_card(info: dict, license: str | None = None, repo_id: str | N
                 "`acceptance=\"rdk\"`."
             ),
             "license_note": license_note,
+            "files_table": _table(("file", "content"), _files(bool(rdk), with_tokenizer)),
         },
     )
     return parse_and_check_card(text, REQUIRED_METADATA + (("base_model",) if base_model else ()))

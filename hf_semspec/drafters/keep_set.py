@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import numbers
 import os
 import pathlib
 from collections.abc import Iterable, Sequence
@@ -262,7 +263,11 @@ def special_token_ids(tokenizer: Any, model: torch.nn.Module | None, vocab_size:
 
 def resolve_keep_size(keep: Any, vocab_size: int, num_special: int) -> int:
     """K from `keep`: an `int` is the number of kept tokens (special tokens included), a `float` in (0, 1] the
-    fraction of `vocab_size` (rounded to the nearest int)."""
+    fraction of `vocab_size` (rounded to the nearest int); numpy numbers count as Python's."""
+    if isinstance(keep, numbers.Integral) and not isinstance(keep, bool):
+        keep = int(keep)
+    elif isinstance(keep, numbers.Real) and not isinstance(keep, bool):
+        keep = float(keep)
     if isinstance(keep, bool) or not isinstance(keep, (int, float)):
         raise invalid_value(
             "keep",

@@ -429,14 +429,15 @@ class PrunedVocabDrafter(torch.nn.Module):
     # -- the Hub ---------------------------------------------------------------------------------------------
 
     def model_card(self, license: str | None = None, repo_id: str | None = None):
-        """The README of this drafter as a validated `huggingface_hub.ModelCard` (see `cards.pruned_drafter_card`)."""
-        return self._model_card(self._head_is_embedding(), license, repo_id)
+        """The README of this drafter as a validated `huggingface_hub.ModelCard` (see `cards.pruned_drafter_card`);
+        its file list names tokenizer files when the drafter has a tokenizer (`self.tokenizer`)."""
+        return self._model_card(self._head_is_embedding(), license, repo_id, self.tokenizer is not None)
 
-    def _model_card(self, head_is_embedding: bool, license: str | None, repo_id: str | None):
+    def _model_card(self, head_is_embedding: bool, license: str | None, repo_id: str | None, with_tokenizer: bool):
         from .cards import pruned_drafter_card
 
         info = dict(self.pruning_info, keep_size=self.num_kept, vocab_size=self.vocab_size, tied_head=head_is_embedding)
-        return pruned_drafter_card(info, license=license, repo_id=repo_id)
+        return pruned_drafter_card(info, license=license, repo_id=repo_id, with_tokenizer=with_tokenizer)
 
     def push_to_hub(
         self,
@@ -473,7 +474,8 @@ class PrunedVocabDrafter(torch.nn.Module):
                 "repo_id", repo_id, "a Hub repo id 'owner/name'", 'pass e.g. "your-name/qwen-0.5b-pruned32k"'
             )
         head_is_embedding = self._head_is_embedding()
-        card = self._model_card(head_is_embedding, license, repo_id)
+        with_tokenizer = tokenizer is not None or self.tokenizer is not None
+        card = self._model_card(head_is_embedding, license, repo_id, with_tokenizer)
         api = api if api is not None else HfApi(token=token)
         with tempfile.TemporaryDirectory(prefix="hf_semspec_push_") as tmp:
             folder = pathlib.Path(tmp)
@@ -739,6 +741,19 @@ def prune_vocabulary(
     head = model.get_output_embeddings()
     if head is None or not hasattr(head, "weight"):
         raise invalid_value("model", type(model).__name__, "a causal LM with an LM head", "pass a *ForCausalLM model")
+    if model.base_model is model:
+        # The drafter runs `base_model` and its own sliced head; here that would be the whole LM, head included
+        # (Llama4ForCausalLM names its backbone "language_model" in base_model_prefix but stores it as .model).
+        raise invalid_value(
+            "model", type(model).__name__,
+            f"a causal LM whose backbone is the attribute its base_model_prefix names ({model.base_model_prefix!r})",
+            "this architecture is not supported by PrunedVocabDrafter; please report it",
+        )
+    if tokenizer is None or not hasattr(tokenizer, "__len__"):
+        raise invalid_value(
+            "tokenizer", tokenizer if tokenizer is None else type(tokenizer).__name__, "the model's tokenizer",
+            "pass AutoTokenizer.from_pretrained(...) of the model being pruned",
+        )
     vocab_size = _text_config(model.config).vocab_size
     if head.weight.shape[0] != vocab_size:
         raise invalid_value(

@@ -175,6 +175,7 @@ def deferred_window(delta: torch.BoolTensor, window: int) -> torch.BoolTensor:
         `torch.BoolTensor` of shape `(batch, γ)`: Δ with the mismatches the window defers turned to `True`.
     """
     gamma = delta.shape[-1]
+    window = min(window, gamma)  # W ≥ γ flips nothing; the clamp keeps `positions + window` from overflowing int64
     # mismatches_before[:, j] = number of mismatches at positions < j, so positions a … b − 1 hold
     # mismatches_before[:, b] − mismatches_before[:, a] of them.
     mismatches_before = torch.nn.functional.pad((~delta).long().cumsum(-1), (1, 0))

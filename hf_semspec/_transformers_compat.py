@@ -72,9 +72,10 @@ def passed_mask_length(generation_config: GenerationConfig, attention_mask, inpu
 def resolved_do_sample(kwargs: dict, generation_config: GenerationConfig | None, model) -> bool:
     """`do_sample` as `generate()` will resolve it (`GenerationMixin._prepare_generation_config`), known before the call
     starts: the call's keyword, else the passed `generation_config`'s, else `model.generation_config`'s, else False
-    (transformers' global default)."""
-    for value in (kwargs.get("do_sample"), getattr(generation_config, "do_sample", None),
-                  model.generation_config.do_sample):
+    (transformers' global default). A `do_sample=None` in the call counts: transformers then decodes greedily."""
+    if "do_sample" in kwargs:
+        return bool(kwargs["do_sample"])
+    for value in (getattr(generation_config, "do_sample", None), model.generation_config.do_sample):
         if value is not None:
             return bool(value)
     return False

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from contextlib import nullcontext
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch.profiler import record_function
@@ -83,12 +84,21 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
         "penalty_alpha": "contrastive search",
         "dola_layers": "DoLa decoding",
         "prompt_lookup_num_tokens": "prompt-lookup drafting (the drafts here are assistant_model's)",
+        "assistant_early_exit": "early-exit self-drafting (the drafts here are assistant_model's)",
+        "use_mtp": "multi-token-prediction drafting (the drafts here are assistant_model's)",
     }
     for field, method in other_methods.items():
         value = getattr(generation_config, field, None)
-        if value is not None:
+        if value is not None and value is not False:  # use_mtp=False asks for nothing
             raise invalid_value(field, value, f"None with an acceptance rule ({method} is another decoding method)",
                                 f"remove {field}, or drop assistant_model and acceptance for {method.split(' (')[0]}")
+    if getattr(generation_config, "prefill_chunk_size", None) is not None:
+        raise invalid_value(
+            "prefill_chunk_size",
+            generation_config.prefill_chunk_size,
+            "None with an acceptance rule (the loop prefills the prompt in one forward of each model)",
+            "remove prefill_chunk_size, or drop assistant_model and acceptance for chunked prefill",
+        )
     if generation_config.cache_implementation not in (None, "dynamic"):
         raise invalid_value(
             "cache_implementation",
@@ -125,6 +135,12 @@ def check_logits_processors(logits_processor: LogitsProcessorList) -> None:
             )
 
 
+def _is_stock(criterion: Any, kind: type) -> bool:
+    """`criterion` is a `kind` that decides as `kind` does: a subclass with its own `__call__` is called like any
+    other criterion, not reduced to its EOS ids or length."""
+    return isinstance(criterion, kind) and type(criterion).__call__ is kind.__call__
+
+
 def _split_stopping_criteria(
     stopping_criteria: StoppingCriteriaList, max_length: int
 ) -> tuple[set[int], int, StoppingCriteriaList]:
@@ -139,9 +155,9 @@ def _split_stopping_criteria(
     lengths: list[int] = []
     others = StoppingCriteriaList()
     for criterion in stopping_criteria:
-        if isinstance(criterion, EosTokenCriteria):
+        if _is_stock(criterion, EosTokenCriteria):
             eos_ids.update(criterion.eos_token_id.flatten().tolist())
-        elif isinstance(criterion, MaxLengthCriteria):
+        elif _is_stock(criterion, MaxLengthCriteria):
             lengths.append(criterion.max_length)
         else:
             others.append(criterion)

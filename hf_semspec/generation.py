@@ -50,12 +50,17 @@ def _resolve_component(
     name beside them or the same one. So a rule's options never reach another rule, and options given without a
     name anywhere (in the call or a passed config) are an error rather than dropped; the model's own too with
     `model_orphans_are_errors` (the draft length, read only when a rule decodes; a model's orphan rule options leave
-    stock decoding stock)."""
+    stock decoding stock). A passed config with the model's own name and options is the model's default (source
+    "model")."""
     name_field, kwargs_field = fields
     sources = [("call", call_name, call_kwargs)] + [
         (source, getattr(config, name_field, None), getattr(config, kwargs_field, None))
         for source, config in (("generation_config", generation_config), ("model", model_generation_config))
     ]
+    if sources[1][1] is not None and sources[1][1:] == sources[2][1:]:
+        # A passed config that carries the model's own default (`generation_config=model.generation_config`, or a
+        # copy, as evaluation harnesses pass it) asks for nothing the model's default does not: read it as that.
+        sources[1] = ("model",) + sources[1][1:]
     named = next(((source, name) for source, name, _ in sources if name is not None), None)
     if named is None:
         checked = sources if model_orphans_are_errors else sources[:2]
@@ -75,11 +80,14 @@ def _resolve_component(
     return name, options, source
 
 
-def _first_given(call_options: dict[str, Any], generation_config: GenerationConfig | None) -> tuple[str, Any] | None:
+def _first_given(call_options: dict[str, Any], generation_config: GenerationConfig | None,
+                 model_generation_config: GenerationConfig | None) -> tuple[str, Any] | None:
     """`(field, value)` of the first option set: the call's (`call_options`, name → value), then the same fields of a
-    passed `generation_config`; None when none is."""
+    passed `generation_config` where they differ from the model's own (a passed copy of the model's config gives
+    nothing); None when none is."""
     candidates = list(call_options.items()) + [
         (f"generation_config.{name}", getattr(generation_config, name, None)) for name in call_options
+        if getattr(generation_config, name, None) != getattr(model_generation_config, name, None)
     ]
     return next(((field, value) for field, value in candidates if value is not None), None)
 
@@ -504,7 +512,7 @@ def generate(
                             "drop acceptance_kwargs, or name the rule they are for with acceptance=...")
     if rule_name is None:
         given = _first_given({"draft_length": draft_length, "draft_length_kwargs": draft_length_kwargs},
-                             generation_config)
+                             generation_config, model.generation_config)
         if given is not None:
             field, value = given
             raise invalid_value(
@@ -524,7 +532,7 @@ def generate(
     if rule_name is not None and assistant_model is None and source == "model":
         # The model's default rule is off without a draft: options given for this call would silently do nothing.
         given = _first_given({"acceptance_kwargs": acceptance_kwargs, "draft_length": draft_length,
-                              "draft_length_kwargs": draft_length_kwargs}, generation_config)
+                              "draft_length_kwargs": draft_length_kwargs}, generation_config, model.generation_config)
         if given is not None:
             field, value = given
             raise invalid_value(
@@ -613,6 +621,12 @@ def generate(
             streamer=streamer,
         )
         return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
+    except BaseException:
+        # transformers streamed the prompt before the loop's own checks ran: a consumer waiting in another thread
+        # (`TextIteratorStreamer` without a timeout) would wait forever for an end. The error goes on to the caller.
+        if streamer is not None:
+            streamer.end()
+        raise
     finally:
         _release(policy)  # a kept policy is free for the next call (a no-op for any other)
 

@@ -123,12 +123,20 @@ def test_static_cache(no_forward):
         ({"penalty_alpha": 0.6, "top_k": 4}, r"`penalty_alpha` = 0.6 .*None with an acceptance rule \(contrastive search"),
         ({"dola_layers": "low"}, r"`dola_layers` = 'low' .*\(DoLa decoding is another"),
         ({"prompt_lookup_num_tokens": 3}, r"`prompt_lookup_num_tokens` = 3 .*the drafts here are assistant_model's"),
+        ({"assistant_early_exit": 1}, r"`assistant_early_exit` = 1 .*\(early-exit self-drafting .*Fix: remove"),
+        ({"use_mtp": True}, r"`use_mtp` = True .*\(multi-token-prediction drafting .*Fix: remove use_mtp"),
+        ({"prefill_chunk_size": 4}, r"`prefill_chunk_size` = 4 .*prefills the prompt in one forward.*Fix: remove"),
     ],
 )
 def test_other_decoding_methods_are_not_silently_dropped(no_forward, given, message):
     # transformers ignores them once a decoding loop is passed to it: greedy decoding would run instead.
     with pytest.raises(SemSpecConfigError, match=message):
         generate(no_forward, acceptance="exact", **given)
+
+
+def test_use_mtp_false_asks_for_no_other_method(attached, close_draft):
+    with_false = generate((attached, close_draft), acceptance="exact", use_mtp=False)
+    assert torch.equal(with_false, generate((attached, close_draft), acceptance="exact"))
 
 
 def test_token_healing_and_stop_strings_without_a_tokenizer(no_forward):

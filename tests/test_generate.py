@@ -14,7 +14,7 @@ from transformers import (
     StoppingCriteria,
     StoppingCriteriaList,
 )
-from transformers.generation import MaxLengthCriteria, StopStringCriteria
+from transformers.generation import EosTokenCriteria, MaxLengthCriteria, StopStringCriteria
 from transformers.generation.streamers import BaseStreamer
 
 import hf_semspec
@@ -127,6 +127,26 @@ def test_model_default_acceptance_without_draft_is_plain_decoding(target):
     assert torch.equal(model.generate(ids, max_new_tokens=12), plain_greedy(target, ids, max_new_tokens=12))
     out = model.generate(ids, assistant_model=target, max_new_tokens=12, return_dict_in_generate=True)
     assert out.acceptance_stats is not None  # with a draft, the model's default rule applies
+
+
+def test_passing_the_models_own_generation_config_keeps_its_default_rule_a_default(target, close_draft):
+    # As evaluation harnesses call generate(generation_config=model.generation_config, ...) (or a copy of it): the
+    # default rule stays off without a draft, instead of turning into a request that needs one.
+    import copy
+
+    model = hf_semspec.attach(tiny_llama(seed=0), acceptance="fly", acceptance_kwargs={"window": 3})
+    expected = plain_greedy(target, prompt(8), max_new_tokens=12)
+    for config in (model.generation_config, copy.deepcopy(model.generation_config)):
+        assert torch.equal(model.generate(prompt(8), generation_config=config, max_new_tokens=12), expected)
+        out = model.generate(prompt(8), generation_config=config, assistant_model=close_draft, max_new_tokens=12,
+                             return_dict_in_generate=True)
+        assert out.acceptance_stats is not None  # with a draft, the rule decodes
+    # Another rule or other options in a passed config are a request for them, which needs a draft.
+    for changed in ({"acceptance": "exact"}, {"acceptance_kwargs": {"window": 2}}):
+        config = copy.deepcopy(model.generation_config)
+        config.update(**changed)
+        with pytest.raises(SemSpecConfigError, match=r"`assistant_model` = None .*Fix: pass assistant_model"):
+            model.generate(prompt(8), generation_config=config, max_new_tokens=12)
 
 
 def test_options_for_a_model_default_rule_without_a_draft_are_an_error(target):
@@ -275,17 +295,18 @@ def test_left_padded_prompt_matches_plain(attached, close_draft):
     assert torch.equal(ours, plain)
 
 
+class Recorder(BaseStreamer):
+    def __init__(self):
+        self.chunks, self.ended = [], False
+
+    def put(self, value):
+        self.chunks.append(value.flatten().tolist())
+
+    def end(self):
+        self.ended = True
+
+
 def test_streamer_receives_prompt_then_every_new_token(attached, close_draft):
-    class Recorder(BaseStreamer):
-        def __init__(self):
-            self.chunks, self.ended = [], False
-
-        def put(self, value):
-            self.chunks.append(value.flatten().tolist())
-
-        def end(self):
-            self.ended = True
-
     ids = prompt(8)
     recorder = Recorder()
     out = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=20, streamer=recorder)
@@ -293,6 +314,23 @@ def test_streamer_receives_prompt_then_every_new_token(attached, close_draft):
     assert recorder.chunks[0] == ids[0].tolist()
     assert sum(recorder.chunks[1:], []) == out[0, ids.shape[1] :].tolist()
     assert len(recorder.chunks) > 2  # several rounds
+
+
+def test_a_streamer_is_ended_when_the_loop_refuses_an_option(attached, close_draft):
+    # transformers streams the prompt before the loop's checks run: without an end, a TextIteratorStreamer consumer
+    # in another thread would wait forever.
+    from transformers import TextIteratorStreamer
+
+    recorder = Recorder()
+    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
+        attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
+                          cache_implementation="static", streamer=recorder)
+    assert recorder.chunks == [prompt(8)[0].tolist()] and recorder.ended
+    iterator = TextIteratorStreamer(tiny_tokenizer(), skip_prompt=True, timeout=5)
+    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
+        attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
+                          cache_implementation="static", streamer=iterator)
+    assert "".join(iterator) == ""  # ends at once instead of raising queue.Empty after the timeout
 
 
 class StopAfter(StoppingCriteria):
@@ -333,6 +371,29 @@ def test_custom_stopping_criteria_stop_where_plain_decoding_stops(attached, clos
                                      max_new_tokens=30, stopping_criteria=StoppingCriteriaList([make()]))
             plain = plain_greedy(attached, ids, max_new_tokens=30, stopping_criteria=StoppingCriteriaList([make()]))
             assert plain.shape[1] < ids.shape[1] + 30 and torch.equal(ours, plain), name
+
+
+class EosAfterMinimum(EosTokenCriteria):
+    """A subclass with its own decision: EOS stops only once the sequence reaches `minimum` tokens."""
+
+    def __init__(self, eos_token_id, minimum):
+        super().__init__(eos_token_id)
+        self.minimum = minimum
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return super().__call__(input_ids, scores) & (input_ids.shape[1] >= self.minimum)
+
+
+def test_a_subclassed_eos_criterion_keeps_its_own_decision(attached, close_draft):
+    # It was read as a plain EosTokenCriteria: its ids, stopped at by the loop, and its own __call__ never called.
+    ids = prompt(8)
+    generated = plain_greedy(attached, ids, max_new_tokens=30)[0, ids.shape[1]:].tolist()
+    eos = generated[2]  # a token that appears early: the criterion must let it pass until the minimum
+    criteria = lambda: StoppingCriteriaList([EosAfterMinimum(eos, ids.shape[1] + 12)])  # noqa: E731
+    plain = plain_greedy(attached, ids, max_new_tokens=30, stopping_criteria=criteria())
+    ours = attached.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=30,
+                             stopping_criteria=criteria())
+    assert plain.shape[1] > ids.shape[1] + 3 and torch.equal(ours, plain)
 
 
 def test_stopping_criteria_get_the_scores_plain_decoding_passes(attached, close_draft):

@@ -123,7 +123,7 @@ def test_do_sample_is_resolved_in_generates_order():
     for model_default in (None, True, False):
         model.generation_config.do_sample = model_default
         for passed in (None, GenerationConfig(), GenerationConfig(do_sample=True), GenerationConfig(do_sample=False)):
-            for kwargs in ({}, {"do_sample": True}, {"do_sample": False}):
+            for kwargs in ({}, {"do_sample": True}, {"do_sample": False}, {"do_sample": None}):  # None: greedy
                 resolved, _ = model._prepare_generation_config(passed, **kwargs)
                 assert compat.resolved_do_sample(kwargs, passed, model) is bool(resolved.do_sample), (
                     model_default, passed and passed.do_sample, kwargs)

@@ -526,6 +526,16 @@ def test_keep_ids_refuse_what_only_keep_counts(draft_model, tokenizer, counted):
         prune_vocabulary(draft_model, tokenizer, keep_ids=[5], **counted)
 
 
+def test_a_corpus_text_that_names_an_existing_file_is_refused(tmp_path, draft_model, tokenizer):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"text": "dog cat"}\n')
+    with pytest.raises(SemSpecConfigError, match=r"`corpus item` = '.*corpus.jsonl' is not valid: .*names an existing "
+                                                 r"file\. Fix: pass pathlib.Path\("):
+        prune_vocabulary(draft_model, tokenizer, [str(corpus)], keep=20)
+    for corpus_given in ([corpus], str(corpus), ["notes.txt"]):  # a Path, a path alone, a name of no file: as before
+        assert prune_vocabulary(draft_model, tokenizer, corpus_given, keep=20).num_kept == 20
+
+
 def test_missing_corpus_and_bad_files(tmp_path, draft_model, tokenizer):
     with pytest.raises(SemSpecConfigError, match=r"`corpus` = None .*and/or calibration_prompts when keep is given"):
         prune_vocabulary(draft_model, tokenizer, keep=20)

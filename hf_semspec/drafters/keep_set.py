@@ -111,6 +111,16 @@ class CorpusTexts:
     sources: list[str] = field(default_factory=list)
 
 
+def _names_a_corpus_file(text: str) -> bool:
+    """Whether `text` is a one-line path to an existing .jsonl/.json/.txt file."""
+    if "\n" in text or pathlib.Path(text).suffix not in (".jsonl", ".json", ".txt"):
+        return False
+    try:
+        return pathlib.Path(text).is_file()
+    except OSError:  # a name too long or invalid for the file system is a text
+        return False
+
+
 def gather_corpus(corpus: Any, label: str | None = None) -> CorpusTexts:
     """Normalises `corpus`: a path (`str` or `os.PathLike`) to a JSONL/.txt file, or a list whose items are texts
     (`str`) or file paths (`pathlib.Path`). `label` overrides the description recorded in the saved config."""
@@ -134,6 +144,13 @@ def gather_corpus(corpus: Any, label: str | None = None) -> CorpusTexts:
             texts.extend(file_texts)
             sources.append(f"{pathlib.Path(item).name} ({len(file_texts)} texts)")
         elif isinstance(item, str):
+            if _names_a_corpus_file(item):
+                # A text that is the name of an existing corpus file was meant as the file: counting the name's
+                # tokens instead would silently choose the wrong keep set.
+                raise invalid_value(
+                    "corpus item", item, "str (a text) or pathlib.Path (a file); this text names an existing file",
+                    f"pass pathlib.Path({item!r}) to read the file (or corpus={item!r} for that file alone)",
+                )
             texts.append(item)
             in_memory += 1
         else:

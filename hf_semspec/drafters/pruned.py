@@ -707,7 +707,8 @@ def prune_vocabulary(
         model (`PreTrainedModel`): the draft causal LM to prune.
         tokenizer: its tokenizer (used for counting, special tokens, and saved with the drafter).
         corpus: a JSONL/.txt path (`keep_set.RECORD_LAYOUTS`: Spec-Bench `turns`, `text`, `prompt`, GSM8K
-            `question`/`answer`, chat `messages`), or a list of texts (`str`) and/or paths (`pathlib.Path`).
+            `question`/`answer`, chat `messages`), or a list of texts (`str`) and/or paths (`pathlib.Path`); a text
+            in the list that is the path of an existing .jsonl/.json/.txt file is an error (pass it as a `Path`).
         keep (`int` or `float`): K as a number of tokens (special tokens included), or as a fraction in (0, 1] of
             the vocabulary.
         keep_ids (`list[int]` or integer `torch.Tensor`, flattened): explicit ids to keep instead of `keep` (with

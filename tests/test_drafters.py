@@ -17,7 +17,13 @@ from huggingface_hub import ModelCard
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-from transformers import DynamicCache, LogitsProcessorList, PreTrainedTokenizerFast, TemperatureLogitsWarper
+from transformers import (
+    AutoModelForCausalLM,
+    DynamicCache,
+    LogitsProcessorList,
+    PreTrainedTokenizerFast,
+    TemperatureLogitsWarper,
+)
 
 from hf_semspec._transformers_compat import CACHE_ARGUMENT
 from hf_semspec.drafters import (
@@ -440,6 +446,21 @@ def test_the_cards_file_list_names_tokenizer_files_only_when_they_are_uploaded(t
         assert ("| tokenizer files | the base model's tokenizer |" in card) is (given is not None)
         assert "| `pruned_head.safetensors` | `kept_token_ids`" in card and "RDK kernel (`rdk_indices`" not in card
     assert "| tokenizer files |" not in drafter.model_card().text
+
+
+def test_push_to_hub_leaves_the_base_models_local_path_out(tmp_path, tokenizer):
+    folder = tmp_path / "home" / "someone" / "base"
+    tiny_llama(seed=3).save_pretrained(folder)
+    drafter = prune_vocabulary(AutoModelForCausalLM.from_pretrained(folder), tokenizer, ["dog cat"], keep=20)
+    drafter.save_pretrained(tmp_path / "local")  # kept locally, where it helps to know the source
+    assert json.loads((tmp_path / "local" / "pruning_config.json").read_text())["base_model_path"] == str(folder)
+    api = RecordingApi(tmp_path / "uploaded")
+    drafter.push_to_hub("someone/tiny", api=api)
+    uploaded = json.loads((api.keep_dir / "pruning_config.json").read_text())
+    assert uploaded["base_model_path"] == "" and str(folder) not in (api.keep_dir / "README.md").read_text()
+    drafter.pruning_info["base_model_path"] = "Org/Tiny-Base"  # a Hub id names nobody's folders: kept
+    drafter.push_to_hub("someone/tiny", api=RecordingApi(tmp_path / "uploaded2"))
+    assert json.loads((tmp_path / "uploaded2" / "pruning_config.json").read_text())["base_model_path"] == "Org/Tiny-Base"
 
 
 def test_push_to_hub_rejects_a_bad_repo_id(draft_model, tokenizer, tmp_path):

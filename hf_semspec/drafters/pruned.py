@@ -239,9 +239,11 @@ class PrunedVocabDrafter(torch.nn.Module):
         """
         return self._save(save_directory, tokenizer, self._head_is_embedding())
 
-    def _save(self, save_directory: str | os.PathLike, tokenizer: Any, head_is_embedding: bool) -> list[str]:
+    def _save(self, save_directory: str | os.PathLike, tokenizer: Any, head_is_embedding: bool,
+              for_hub: bool = False) -> list[str]:
         """`save_pretrained` with `_head_is_embedding()` already known (`push_to_hub` needs it for the card too, and
-        it compares the whole kept embedding)."""
+        it compares the whole kept embedding). `for_hub`: the files are uploaded, so the base model's local path
+        (which names the user's folders) is left out, as transformers leaves `_name_or_path` out of config.json."""
         tokenizer = tokenizer if tokenizer is not None else self.tokenizer
         remote = [type(obj).__module__ for obj in (self.config, self.model, tokenizer)
                   if type(obj).__module__.startswith(TRANSFORMERS_DYNAMIC_MODULE_NAME)]
@@ -280,6 +282,9 @@ class PrunedVocabDrafter(torch.nn.Module):
             head_bias=self.lm_head.bias is not None,
             base_model_prefix=self.base_model_prefix,
         )
+        base_path = info.get("base_model_path") or ""
+        if for_hub and (os.path.isdir(base_path) or not _REPO_ID.match(base_path)):
+            info["base_model_path"] = ""
         with open(folder / PRUNING_CONFIG_NAME, "w", encoding="utf-8") as f:
             json.dump(info, f, indent=2, sort_keys=True)
         if tokenizer is not None:
@@ -479,7 +484,7 @@ class PrunedVocabDrafter(torch.nn.Module):
         api = api if api is not None else HfApi(token=token)
         with tempfile.TemporaryDirectory(prefix="hf_semspec_push_") as tmp:
             folder = pathlib.Path(tmp)
-            self._save(folder, tokenizer, head_is_embedding)
+            self._save(folder, tokenizer, head_is_embedding, for_hub=True)
             copy_custom_generate(folder / "custom_generate")
             card.save(folder / "README.md")
             api.create_repo(repo_id=repo_id, token=token, private=private, repo_type="model", exist_ok=True)

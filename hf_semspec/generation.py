@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import functools
 import inspect
 import json
@@ -141,23 +142,41 @@ def _stop_strings_as_criteria(
     return criteria, generation_config
 
 
-def _resolve_num_assistant_tokens(kwargs: dict, generation_config: GenerationConfig | None, model) -> int | None:
-    """`num_assistant_tokens` from the call, else the passed or the model's generation config. (Stock transformers
-    reads it from the *draft's* generation config and ignores the call's; we honour the call, and read the draft's
-    as a default only: `_drafts_own_length`.)"""
-    value = _first_set(
-        kwargs.get("num_assistant_tokens"),
-        getattr(generation_config, "num_assistant_tokens", None),
-        model.generation_config.num_assistant_tokens,
-    )
-    return _checked_length("num_assistant_tokens", value)
+# Where a setting comes from, most to least specific: the call wins over a passed config, which wins over the model's.
+_CALL, _PASSED_CONFIG, _MODEL = 0, 1, 2
+
+
+def _set_in_passed_config(generation_config: GenerationConfig | None, model, name: str) -> Any:
+    """A passed `generation_config`'s `name` where the caller set it: None when unset or equal to the model's own (a
+    passed `model.generation_config`, or a copy of it, as evaluation harnesses pass it, asks for nothing)."""
+    value = getattr(generation_config, name, None)
+    return None if value == getattr(model.generation_config, name, None) else value
+
+
+def _resolve_num_assistant_tokens(
+    kwargs: dict, generation_config: GenerationConfig | None, model
+) -> tuple[int | None, int | None]:
+    """`(num_assistant_tokens, source)`: from the call, else the passed, else the model's generation config, and
+    which of `_CALL`, `_PASSED_CONFIG`, `_MODEL` it came from. (Stock transformers reads it from the *draft's*
+    generation config and ignores the call's; we honour the call, and read the draft's as a default only:
+    `_drafts_own_length`.)"""
+    for source, value in ((_CALL, kwargs.get("num_assistant_tokens")),
+                          (_PASSED_CONFIG, _set_in_passed_config(generation_config, model, "num_assistant_tokens")),
+                          (_MODEL, model.generation_config.num_assistant_tokens)):
+        if value is not None:
+            return _checked_length("num_assistant_tokens", value), source
+    return None, None
 
 
 def _drafts_own_length(assistant_model) -> int | None:
     """The draft's `generation_config.num_assistant_tokens`, where stock assisted generation reads γ: the length a
     policy whose length is unset starts from, before the rule's default. Not a value the caller gave this call, so it
-    never conflicts with the policy's own options."""
-    value = _drafts_setting(assistant_model, "num_assistant_tokens")
+    never conflicts with the policy's own options; and transformers' "heuristic" schedule grows it without bound
+    (+2 per fully accepted round, written back to the draft), so it is capped at `MAX_DRAFT_TOKENS` rather than
+    refused."""
+    value = python_number(_drafts_setting(assistant_model, "num_assistant_tokens"))
+    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DRAFT_TOKENS:
+        value = MAX_DRAFT_TOKENS
     return _checked_length("assistant_model.generation_config.num_assistant_tokens", value)
 
 
@@ -177,6 +196,15 @@ def _checked_length(field: str, value: Any) -> int | None:
             "pass e.g. num_assistant_tokens=5, or leave it unset for the defaults",
         )
     return value
+
+
+def _source_of_options(options: Any, call_kwargs: Any, generation_config: GenerationConfig | None, model) -> int:
+    """Where the policy's options came from (`_CALL`, `_PASSED_CONFIG` or `_MODEL`, as `_resolve_component` chose
+    them): the call's object, a passed config's that the caller set, else the model's."""
+    if call_kwargs is not None and options is call_kwargs:
+        return _CALL
+    passed = _set_in_passed_config(generation_config, model, "draft_length_kwargs")
+    return _PASSED_CONFIG if passed is not None and options is passed else _MODEL
 
 
 def _length_set_in(options: Any, config_class: type, length_field: str) -> Any:
@@ -279,7 +307,7 @@ def _build_draft_length_policy(
         # The instance's own config sets its length; a length passed with it would be ignored. (The model's
         # generation config is not the caller's choice for this call, so it does not count.)
         passed_length = _first_set(
-            kwargs.get("num_assistant_tokens"), getattr(generation_config, "num_assistant_tokens", None)
+            kwargs.get("num_assistant_tokens"), _set_in_passed_config(generation_config, model, "num_assistant_tokens")
         )
         if passed_length is not None:
             raise invalid_value(
@@ -311,7 +339,8 @@ def _build_draft_length_policy(
             "the config (draft_length='<name>', draft_length_kwargs={...})",
         )
     schedule = _first_set(
-        kwargs.get("num_assistant_tokens_schedule"), getattr(generation_config, "num_assistant_tokens_schedule", None)
+        kwargs.get("num_assistant_tokens_schedule"),
+        _set_in_passed_config(generation_config, model, "num_assistant_tokens_schedule"),
     )
     if schedule is None and name is None:  # the model's (else the draft's) schedule, where no policy is named
         schedule = _first_set(
@@ -332,25 +361,33 @@ def _build_draft_length_policy(
     policy_class = POLICIES.get(name)
     config = policy_class.config_class.from_kwargs(options)
     length_field = policy_class.length_field
-    num_assistant_tokens = _resolve_num_assistant_tokens(kwargs, generation_config, model)
+    num_assistant_tokens, length_source = _resolve_num_assistant_tokens(kwargs, generation_config, model)
     if length_field is not None:
         set_by_user = _length_set_in(options, policy_class.config_class, length_field)
-        if num_assistant_tokens is not None:
-            if set_by_user is not None and set_by_user != num_assistant_tokens:
+        options_source = _source_of_options(options, call_kwargs, generation_config, model)
+        if num_assistant_tokens is not None and set_by_user is not None and set_by_user != num_assistant_tokens:
+            # Two lengths: the more specific source wins (the call, then a passed config, then the model's), as for
+            # every other setting; two from the same place contradict each other.
+            if options_source == length_source:
                 raise invalid_value(
                     f"draft_length_kwargs['{length_field}']",
                     set_by_user,
                     f"the same value as num_assistant_tokens={num_assistant_tokens} when both are given",
                     "give only one of the two",
                 )
+            if options_source < length_source:
+                num_assistant_tokens = None  # the options' own length stands
+        if num_assistant_tokens is not None:
             if length_field == "initial_tokens" and num_assistant_tokens > config.max_tokens:
-                raise invalid_value(
-                    "num_assistant_tokens",
-                    num_assistant_tokens,
-                    f"at most draft_length_kwargs['max_tokens']={config.max_tokens} ({name!r} starts at this length "
-                    "and never drafts more than max_tokens)",
-                    "lower num_assistant_tokens or raise max_tokens",
-                )
+                if options_source >= length_source:
+                    raise invalid_value(
+                        "num_assistant_tokens",
+                        num_assistant_tokens,
+                        f"at most draft_length_kwargs['max_tokens']={config.max_tokens} ({name!r} starts at this "
+                        "length and never drafts more than max_tokens)",
+                        "lower num_assistant_tokens or raise max_tokens",
+                    )
+                num_assistant_tokens = config.max_tokens  # a cap given more specifically than the length: start at it
             setattr(config, length_field, num_assistant_tokens)
         elif getattr(config, length_field) is None:
             # Unset: the draft's own length (set up for stock assisted generation), else the rule's default.
@@ -428,6 +465,31 @@ def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
         )
 
 
+def _check_no_misspelled_field(config: GenerationConfig | None, where: str) -> None:
+    """A `GenerationConfig` keeps any unknown key (`acceptence="fly"` in its JSON) as an attribute, which nothing
+    reads: decoding would silently go on without the rule. A key that is none of transformers' fields and close to
+    one of ours is refused, naming the field it was meant to be."""
+    if config is None:
+        return
+    known = _generation_config_fields()
+    for key in vars(config):
+        if key in known or key in SEMSPEC_GENERATION_FIELDS or key.startswith("_"):
+            continue
+        meant = difflib.get_close_matches(key, SEMSPEC_GENERATION_FIELDS, n=1, cutoff=0.8)
+        if meant:
+            raise invalid_value(
+                f"{where}.{key}", getattr(config, key),
+                f"one of the fields hf_semspec reads ({', '.join(SEMSPEC_GENERATION_FIELDS)}); {key!r} is none",
+                f"rename it to {meant[0]!r}",
+            )
+
+
+@functools.cache
+def _generation_config_fields() -> frozenset[str]:
+    """The attributes of a default `GenerationConfig`: transformers' own fields."""
+    return frozenset(vars(GenerationConfig()))
+
+
 # `generate(acceptance=...)`'s default: an explicit `acceptance=None` turns the model's default rule off for the call,
 # as an explicit None in a transformers call overrides the model's generation config.
 _NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "<not given>"})()
@@ -498,6 +560,8 @@ def generate(
         negative_prompt_attention_mask=negative_prompt_attention_mask,
     )
     _check_target(model)
+    for where, config in (("generation_config", generation_config), ("model.generation_config", model.generation_config)):
+        _check_no_misspelled_field(config, where)
     stock_generate = type(model).generate  # the class's method, bypassing the instance override made by attach()
 
     # 1. Which rule, from where.
@@ -680,7 +744,8 @@ def _validated_acceptance_kwargs(acceptance: str, acceptance_kwargs: Any) -> dic
     rule = RULES.build(acceptance, acceptance_kwargs)
     if isinstance(acceptance_kwargs, type(rule.config)):
         return acceptance_kwargs.to_dict()
-    return dict(acceptance_kwargs or {})
+    # The given keys, with the validated config's values: numpy numbers become Python's, which the JSON can hold.
+    return {key: copy.deepcopy(getattr(rule.config, key)) for key in (acceptance_kwargs or {})}
 
 
 def _store_default_acceptance(model: torch.nn.Module, acceptance: str, stored_kwargs: dict) -> None:

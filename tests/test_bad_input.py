@@ -57,6 +57,21 @@ def test_acceptance_without_assistant_model(no_forward):
         generate(no_forward, acceptance="exact", assistant_model=None)
 
 
+def test_a_misspelled_field_in_a_generation_config_is_named(no_forward, tmp_path, monkeypatch):
+    # A GenerationConfig keeps unknown keys, which nothing read: decoding went on silently without the rule.
+    from transformers import GenerationConfig
+
+    GenerationConfig(acceptence="fly", max_new_tokens=4).save_pretrained(tmp_path)
+    loaded = GenerationConfig.from_pretrained(tmp_path)
+    with pytest.raises(SemSpecConfigError, match=r"`generation_config.acceptence` = 'fly' is not valid: allowed one of "
+                                                 r"the fields hf_semspec reads .*Fix: rename it to 'acceptance'"):
+        generate(no_forward, generation_config=loaded)
+    target, _ = no_forward
+    monkeypatch.setattr(target.generation_config, "draft_lenght", "svip", raising=False)
+    with pytest.raises(SemSpecConfigError, match=r"`model.generation_config.draft_lenght` = 'svip' .*'draft_length'"):
+        generate(no_forward, acceptance="exact")
+
+
 def test_batch_size_above_one(no_forward):
     with pytest.raises(SemSpecConfigError, match=r"batch size.*= 2.*call generate\(\) once per prompt"):
         generate(no_forward, acceptance="exact", input_ids=torch.cat([prompt(6), prompt(6, seed=1)]))

@@ -97,6 +97,62 @@ def test_num_assistant_tokens_and_constant_kwargs_agree(attached, close_draft):
     assert len(a.acceptance_stats.drafted_per_position) == 3
 
 
+def test_a_length_from_the_call_wins_over_the_models_and_two_in_one_place_conflict(attached, close_draft,
+                                                                                      monkeypatch):
+    # As every other setting: the call, then a passed config, then the model's. Once, the model's saved
+    # num_assistant_tokens was an error beside a length given in the call's options.
+    monkeypatch.setattr(attached.generation_config, "num_assistant_tokens", 4)
+    out = generate(attached, close_draft, draft_length="constant", draft_length_kwargs={"num_tokens": 6})
+    assert len(out.acceptance_stats.drafted_per_position) == 6
+    passed = GenerationConfig(draft_length="constant", draft_length_kwargs={"num_tokens": 2})
+    assert len(generate(attached, close_draft, generation_config=passed).acceptance_stats.drafted_per_position) == 2
+    monkeypatch.setattr(attached.generation_config, "draft_length", "constant", raising=False)
+    monkeypatch.setattr(attached.generation_config, "draft_length_kwargs", {"num_tokens": 6}, raising=False)
+    assert len(generate(attached, close_draft, num_assistant_tokens=3).acceptance_stats.drafted_per_position) == 3
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length_kwargs\['num_tokens'\]` = 6 is not valid: allowed "
+                                                 r"the same value as num_assistant_tokens=4 when both are given"):
+        generate(attached, close_draft)  # both in the model's config
+    with pytest.raises(SemSpecConfigError, match=r"= 2 is not valid: allowed the same value as num_assistant_tokens=3"):
+        generate(attached, close_draft, num_assistant_tokens=3, draft_length_kwargs={"num_tokens": 2})
+
+
+def test_a_cap_in_the_call_caps_the_models_initial_length(attached, close_draft, monkeypatch):
+    monkeypatch.setattr(attached.generation_config, "num_assistant_tokens", 20)
+    out = generate(attached, close_draft, draft_length="heuristic", draft_length_kwargs={"max_tokens": 10})
+    assert out.acceptance_stats.drafted_per_round[0] == 10
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens` = 20 .*at most draft_length_kwargs"):
+        generate(attached, close_draft, num_assistant_tokens=20, draft_length="heuristic",
+                 draft_length_kwargs={"max_tokens": 10})  # both in the call: which one was meant is not known
+
+
+def test_passing_the_models_own_config_asks_for_no_schedule_or_length(attached, close_draft, monkeypatch):
+    # Evaluation harnesses pass generation_config=model.generation_config: its schedule and length are the model's
+    # defaults, which a named policy or an instance sets aside, not the caller's request that conflicts with them.
+    from hf_semspec.draft_length.svip import SVIPPolicy
+
+    monkeypatch.setattr(attached.generation_config, "num_assistant_tokens_schedule", "constant")
+    monkeypatch.setattr(attached.generation_config, "num_assistant_tokens", 4)
+    for config in (attached.generation_config, copy.deepcopy(attached.generation_config)):
+        assert generate(attached, close_draft, generation_config=config, draft_length="svip").acceptance_stats
+        assert generate(attached, close_draft, generation_config=config, draft_length=SVIPPolicy()).acceptance_stats
+    changed = copy.deepcopy(attached.generation_config)
+    changed.num_assistant_tokens_schedule = "heuristic"  # the caller's own request: it conflicts
+    with pytest.raises(SemSpecConfigError, match=r"`num_assistant_tokens_schedule` = 'heuristic'.*draft_length='svip'"):
+        generate(attached, close_draft, generation_config=changed, draft_length="svip")
+
+
+def test_a_drafts_length_grown_by_transformers_heuristic_schedule_is_capped(attached, close_draft, monkeypatch):
+    # transformers' "heuristic" schedule adds 2 per fully accepted round and writes γ back to the draft, without a
+    # cap: 449 after four long calls with an agreeing draft. Read as a default, it was refused, so every call failed.
+    monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens", 449)
+    grown = attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=200,
+                              return_dict_in_generate=True)
+    capped = attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=200,
+                               return_dict_in_generate=True, num_assistant_tokens=128)
+    assert torch.equal(grown.sequences, capped.sequences)
+    assert grown.acceptance_stats.drafted_per_round == capped.acceptance_stats.drafted_per_round
+
+
 def test_default_length_is_the_rules(attached, close_draft):
     stats = generate(attached, close_draft).acceptance_stats
     assert len(stats.drafted_per_position) == hf_semspec.rules.RULES.get("exact").default_num_draft_tokens

@@ -1108,7 +1108,8 @@ def test_an_arm_length_in_other_digits_is_a_config_error():
 
 
 def test_a_cut_round_reaches_every_learner():
-    """The other consumers of `cut`: heuristic (+2, as transformers, which reads the uncut matches), tapout's default
+    """The other consumers of `cut`: heuristic (+2: the drafts after the end were not judged; transformers 5.x gives
+    −1 at an EOS, see heuristic.py), tapout's default
     fitted-time reward (the tokens emitted), cost_aware's token rate, and its flip statistics under a window (no
     flip trial when the cut came before the first failed draft)."""
     from hf_semspec.draft_length.cost_aware import CostAwareConfig, CostAwarePolicy

@@ -121,6 +121,20 @@ def test_saved_model_keeps_acceptance_on_reload(tmp_path):
     assert reloaded2.generation_config.acceptance == "exact"  # kept even without attach()
 
 
+def test_numpy_options_of_a_default_rule_are_saved_as_pythons(tmp_path):
+    # They were stored as given: save_pretrained then failed halfway ("float32 is not JSON serializable").
+    import numpy as np
+    from transformers import AutoModelForCausalLM
+
+    given = {"window": np.int64(3), "entropy_threshold": np.float32(0.25)}
+    model = hf_semspec.attach(tiny_llama(seed=5), acceptance="fly", acceptance_kwargs=given)
+    assert model.generation_config.acceptance_kwargs == {"window": 3, "entropy_threshold": 0.25}
+    assert [type(v) for v in model.generation_config.acceptance_kwargs.values()] == [int, float]
+    model.save_pretrained(tmp_path / "numpy")
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "numpy")
+    assert reloaded.generation_config.acceptance_kwargs == {"window": 3, "entropy_threshold": 0.25}
+
+
 def test_model_default_acceptance_without_draft_is_plain_decoding(target):
     model = hf_semspec.attach(tiny_llama(seed=0), acceptance="exact")
     ids = prompt(8)

@@ -9,8 +9,14 @@ No paper: the rule is the one in transformers' `AssistedCandidateGenerator.updat
 
 where γ_t is the round's budget, γ̂_t the tokens actually drafted (fewer than γ_t near `max_length`) and n_t the
 drafts accepted. As in transformers, the test compares the accepted count with the tokens *drafted*, the floor is 1,
-and the increment applies to the budget. One difference: transformers lets γ grow without bound (its loop caps
-each round near `max_length`); here γ never exceeds `max_tokens` (default 128, the package's largest draft).
+and the increment applies to the budget. Two differences:
+- transformers lets γ grow without bound (its loop caps each round near `max_length`); here γ never exceeds
+  `max_tokens` (default 128, the package's largest draft).
+- The last round of an output that ends inside it (an accepted EOS draft, a stopping criterion: `RoundOutcome.cut`)
+  counts as fully accepted here: +2. Every draft it output was accepted, and the drafts after the end were never
+  judged. transformers 5.x counts the matches again after cutting at the EOS, one fewer than drafted, so such a
+  round gives −1 there (it does not cut at other stopping criteria). Only the length a "heuristic" schedule carries
+  into the next call can differ.
 
 Where the state lives. transformers keeps γ on the *assistant model*: with "heuristic" it writes γ back to
 `assistant_model.generation_config.num_assistant_tokens` at the end of `generate()`, so the next call starts where the
@@ -75,8 +81,8 @@ class HeuristicPolicy(DraftLengthPolicy):
         return self.num_tokens
 
     def observe(self, outcome: RoundOutcome) -> None:
-        # A round cut at the output's end (a drafted EOS, a stop) accepted every draft it output: as in transformers,
-        # whose drafter stops at the EOS and whose schedule reads the uncut matches before the stopping criteria.
+        # A round cut at the output's end (a drafted EOS, a stop) accepted every draft it output, and the drafts after
+        # the end are censored, not rejected (transformers 5.x gives −1 at an EOS: module docstring).
         if outcome.num_accepted == outcome.num_drafted or outcome.cut:
             self.num_tokens = min(self.num_tokens + 2, self.config.max_tokens)
         else:

@@ -46,12 +46,27 @@ def over_anchor(results: dict, method: str, anchor: str) -> dict[str, float]:
     return {p: speed / speeds[anchor][p] for p, speed in speeds[method].items() if p in speeds[anchor]}
 
 
+def method_options(run: dict, name: str) -> dict:
+    """The options that make `name` the same method in another run (`metrics.SAME_METHOD_OPTIONS`)."""
+    described = next((m for m in run.get("methods", []) if m["name"] == name), {})
+    return {key: described.get(key) for key in metrics.SAME_METHOD_OPTIONS}
+
+
+def check_same_method(first: dict, results: dict, method: str, first_path: str, path: str, label: str) -> None:
+    """Raises unless `results` ran `method` with the options `first` ran it with: a label pools one method's ratios,
+    not two policies that share a name."""
+    a, b = method_options(first, method), method_options(results, method)
+    if a != b:
+        raise ValueError(f"{path}: {method} is not the method of {first_path} that --runs {label!r} pools "
+                         f"({ {k: (a[k], b[k]) for k in a if a[k] != b[k]} }, as (first, this)). Fix: give each "
+                         "configuration its own label.")
+
+
 def check_same_anchor(first: dict, results: dict, anchor: str, first_path: str, path: str) -> None:
     """Raises unless `results` ran `anchor` as `first` did: the same models, dtypes and token budgets, decoding mode
     and anchor options (rule, its options, policy and its config), which is what makes it the same forwards in both."""
     def anchor_options(run: dict) -> dict:
-        described = next((m for m in run.get("methods", []) if m["name"] == anchor), {})
-        return {key: described.get(key) for key in metrics.SAME_METHOD_OPTIONS}
+        return method_options(run, anchor)
 
     differ = metrics.differing_setups(first, results)
     for what, (a, b) in ((f"{anchor} options", (anchor_options(first), anchor_options(results))),
@@ -83,10 +98,13 @@ def main(argv: list[str] | None = None) -> dict:
         method = f"{rule}/{label.split('@', 1)[0]}"
         markdown.check_distinct_file_names(files.split(","), f"--runs {label!r}")
         per_file = {}
+        first_of_label: tuple[str, dict] | None = None  # the label's first file: its method's options for the rest
         for name in files.split(","):
             results = json.loads(Path(name).read_text(encoding="utf-8"))
             first = first or (name, results)
             check_same_anchor(first[1], results, args.anchor, first[0], name)
+            first_of_label = first_of_label or (name, results)
+            check_same_method(first_of_label[1], results, method, first_of_label[0], name, label)
             per_file[Path(name).name] = over_anchor(results, method, args.anchor)
         pooled = [v for ratios in per_file.values() for v in ratios.values()]
         summary["methods"][label] = {"method": method, "per_file": per_file,

@@ -345,7 +345,8 @@ def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, met
               do_sample: bool, seed: int | None, stock_confidence_threshold: float | None = None) -> dict:
     """Runs `method` on `prompt` once and returns its per-prompt record (timing, tokens, forwards, text).
 
-    With sampling, the RNG is seeded with `seed` right before the call, the same seed for every method on a prompt.
+    The RNG is seeded with `seed` right before the call (unless it is None), the same seed for every method on a
+    prompt: sampling draws from it, and so does greedy `dropmatch` (its dropout masks).
     """
     gc.collect()  # a collection inside the timed region would be charged to whichever method was unlucky
     meters.reset()

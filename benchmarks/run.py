@@ -152,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
                         "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (use with --seed)")
-    p.add_argument("--seed", type=int, default=0, help="sampling seed; prompt i uses seed + i for every method")
+    p.add_argument("--seed", type=int, default=0,
+                   help="RNG seed, greedy or sampled (dropmatch draws dropout masks in greedy decoding too); prompt i "
+                   "uses seed + i for every method")
     p.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR,
                    help=f"folder with {data.SPECBENCH_FILE} and {data.GSM8K_FILE} (default: ../shared/data/ "
                         "relative to the repository root)")
@@ -305,8 +307,8 @@ def warm_up_and_profile(method_list, pair, prompt, inputs, meters, eos_ids, args
     warmups, breakdowns = {}, {}
     for method in tqdm(method_list, desc="warm-up" + (" + profile" if breakdown else ""), unit="method"):
         def run(method=method):
-            return methods_lib.timed_run(method, pair, prompt, inputs, meters, eos_ids, args.sample,
-                                         args.seed if args.sample else None, args.stock_confidence_threshold)
+            return methods_lib.timed_run(method, pair, prompt, inputs, meters, eos_ids, args.sample, args.seed,
+                                         args.stock_confidence_threshold)
         if not breakdown:
             warmups[method.name] = run()
             continue
@@ -325,7 +327,8 @@ def timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args) -> li
     records = []
     bar = tqdm(total=len(prompts) * len(method_list), desc="generations", unit="gen")
     for index, prompt in enumerate(prompts):
-        seed = args.seed + index if args.sample else None
+        # Greedy runs are seeded too: dropmatch draws its dropout masks in greedy decoding as well.
+        seed = args.seed + index
         for order, method in enumerate(methods_lib.rotated(method_list, index)):
             bar.set_postfix_str(f"{prompt.category} / {method.name}")
             record = methods_lib.timed_run(method, pair, prompt, encoded[prompt.prompt_id], meters, eos_ids,

@@ -1562,6 +1562,29 @@ def test_the_timed_loop_starts_the_policies_that_learn_untrained(tmp_path, monke
     assert tapout[1] == [0, 0]  # no arm pulled yet
 
 
+def test_greedy_runs_are_seeded_too(tmp_path, monkeypatch):
+    # Greedy dropmatch draws its dropout masks from torch's RNG, which only sampled runs seeded: two runs of the same
+    # command could give other outputs and forward counts, under a results file that said "seed": 0.
+    write_tiny_data(tmp_path / "data")
+    seeds = []
+    timed_run = methods.timed_run
+
+    def recording(method, pair, prompt, inputs, meters, eos_ids, do_sample, seed, *args):
+        seeds.append((method.name, prompt.prompt_id, do_sample, seed))
+        return timed_run(method, pair, prompt, inputs, meters, eos_ids, do_sample, seed, *args)
+
+    monkeypatch.setattr(methods, "timed_run", recording)
+    with thread_count_kept():
+        run.main(["--profile", "quick", "--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path),
+                  "--max-new-tokens", "8", "--gsm8k", "0", "--threads", "1", "--rules", "dropmatch", "--skip-stock",
+                  "--no-profile-breakdown", "--seed", "7"], load_pair=tiny_pair)
+    warm_up, timed = seeds[:2], seeds[2:]
+    assert [seed for *_, seed in warm_up] == [7, 7]
+    prompts = list(dict.fromkeys(prompt_id for _, prompt_id, _, _ in timed))
+    assert len(prompts) == 2 and all(do_sample is False for _, _, do_sample, _ in timed)
+    assert {(prompt_id, seed) for _, prompt_id, _, seed in timed} == {(prompts[0], 7), (prompts[1], 8)}
+
+
 @pytest.mark.parametrize("flag, value", [("--limit", "-1"), ("--prompts-per-category", "0"),
                                          ("--num-assistant-tokens", "0"), ("--max-new-tokens", "-3"),
                                          ("--stock-confidence-threshold", "2"), ("--threads", "0")])

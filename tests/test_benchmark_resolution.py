@@ -264,6 +264,19 @@ def test_over_anchor_divides_by_the_anchor_on_the_same_prompt_and_run(tmp_path):
         with pytest.raises(ValueError, match=rf"b.json: not the same experiment as .*a.json .*{message}"):
             anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--output-dir", str(tmp_path),
                            "--runs", f"cost_aware(flip_prior=0.5)={paths[0]},{paths[1]}"])
+    # One label over two runs whose policy of that name had other options (a bandit, say): two methods. Refused.
+    measured = {"name": policy, "rule": "fly", "draft_length": "cost_aware", "draft_length_config": {"flip_prior": 0.5}}
+    other = {**measured, "draft_length_config": {"flip_prior": 0.5, "calibration_discount": 0.98}}
+    paths[0].write_text(json.dumps({**first, "methods": [anchor_method, measured]}), encoding="utf-8")
+    paths[1].write_text(json.dumps({**second, "methods": [anchor_method, other]}), encoding="utf-8")
+    with pytest.raises(ValueError, match=r"b.json: semspec:fly/cost_aware\(flip_prior=0.5\) is not the method of "
+                                          r".*a.json that --runs 'cost_aware\(flip_prior=0.5\)' pools .*"
+                                          r"'draft_length_config'.*Fix: give each configuration its own label"):
+        anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--output-dir", str(tmp_path),
+                       "--runs", f"cost_aware(flip_prior=0.5)={paths[0]},{paths[1]}"])
+    paths[1].write_text(json.dumps({**second, "methods": [anchor_method, measured]}), encoding="utf-8")
+    assert anchored.main(["--anchor", "semspec:fly/constant:3", "--name", "x", "--output-dir", str(tmp_path),
+                          "--runs", f"cost_aware(flip_prior=0.5)={paths[0]},{paths[1]}"])["methods"]
 
 
 def test_fitted_line_goes_through_the_lengths_the_rounds_drafted():

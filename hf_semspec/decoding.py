@@ -206,6 +206,14 @@ def _target_forward(
         logits = forward_new_tokens(
             model, cache, candidates, attention_mask, num_logits, supports_logits_to_keep, **forward_kwargs
         ).to(candidates.device)
+    if capture_hidden and (not captured or captured[0] is None):
+        # A forward that never called get_output_embeddings() (it computes its logits another way).
+        raise invalid_value(
+            "model", type(model).__name__,
+            "a target whose forward computes its logits with get_output_embeddings() (the rule reads that module's "
+            "input)",
+            "use an acceptance rule that does not read the target's hidden states (e.g. 'exact' or 'fly')",
+        )
     hidden = captured[0][:, -num_logits:].to(candidates.device) if capture_hidden else None
     return logits, hidden
 

@@ -78,13 +78,14 @@ def capture_lm_head_input(model: torch.nn.Module) -> Iterator[list[torch.Tensor]
     captured: list[torch.Tensor] = []
     this_thread = threading.get_ident()
 
-    def hook(_module: torch.nn.Module, args: tuple) -> None:
+    def hook(_module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         # (torch.compile cannot trace get_ident, and `fullgraph=True` would fail on it: a compiled forward records
         # without the thread check, as before it.)
         if torch.compiler.is_compiling() or threading.get_ident() == this_thread:
-            captured[:] = [args[0]]
+            # nn.Linear's input, passed by position or (rarely) by name.
+            captured[:] = [args[0] if args else kwargs.get("input", next(iter(kwargs.values()), None))]
 
-    handle = head.register_forward_pre_hook(hook)
+    handle = head.register_forward_pre_hook(hook, with_kwargs=True)
     try:
         yield captured
     finally:

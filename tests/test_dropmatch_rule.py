@@ -432,3 +432,34 @@ def test_the_lm_head_capture_traces_under_a_fullgraph_compile():
     with torch.no_grad(), capture_lm_head_input(model) as captured:
         model(input_ids=ids[:, :4])
     assert captured[0].shape[:2] == (1, 4)
+
+
+def test_the_lm_head_capture_takes_an_input_passed_by_name():
+    # The pre-hook read args[0]: a forward calling its head as `self.lm_head(input=hidden)` raised an IndexError.
+    from conftest import tiny_llama
+
+    from hf_semspec.model_calls import capture_lm_head_input
+
+    model, ids = tiny_llama(seed=0), prompt(6, seed=1)
+    with torch.no_grad(), capture_lm_head_input(model) as captured:
+        hidden = model.model(input_ids=ids).last_hidden_state
+        logits = model.get_output_embeddings()(input=hidden)
+    assert captured[0] is hidden and torch.equal(logits, model(input_ids=ids).logits)
+
+
+def test_a_target_that_never_calls_its_head_is_named_not_an_index_error(attached, close_draft, monkeypatch):
+    # Its logits come another way (here a second module sharing the head's weight): there is no input of the module
+    # get_output_embeddings() returns to read, and the loop raised an IndexError.
+    original = type(attached).forward
+
+    def forward_with_another_head(self, *args, **kwargs):
+        other_head = torch.nn.Linear(self.lm_head.in_features, self.lm_head.out_features, bias=False)
+        other_head.weight = self.lm_head.weight
+        with monkeypatch.context() as patch:
+            patch.setattr(self, "lm_head", other_head)
+            return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(attached), "forward", forward_with_another_head)
+    with pytest.raises(SemSpecConfigError, match=r"`model` = 'LlamaForCausalLM' is not valid: allowed a target whose "
+                                                 r"forward computes its logits with get_output_embeddings\(\).*Fix: "):
+        attached.generate(prompt(6), assistant_model=close_draft, acceptance="dropmatch", max_new_tokens=4)

@@ -21,7 +21,9 @@ def no_forward(monkeypatch, attached, close_draft):
         raise AssertionError("a forward pass ran before the bad input was rejected")
 
     for model in (attached, close_draft):
-        monkeypatch.setattr(model, "forward", forbidden)
+        # In the instance's __dict__, removed afterwards: monkeypatch.setattr would restore the bound class method there,
+        # which then shadows a later test's patch of the class's forward on these session-wide models.
+        monkeypatch.setitem(vars(model), "forward", forbidden)
     return attached, close_draft
 
 

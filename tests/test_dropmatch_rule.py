@@ -453,11 +453,16 @@ def test_a_target_that_never_calls_its_head_is_named_not_an_index_error(attached
     original = type(attached).forward
 
     def forward_with_another_head(self, *args, **kwargs):
-        other_head = torch.nn.Linear(self.lm_head.in_features, self.lm_head.out_features, bias=False)
-        other_head.weight = self.lm_head.weight
-        with monkeypatch.context() as patch:
-            patch.setattr(self, "lm_head", other_head)
+        head = self.lm_head
+        other_head = torch.nn.Linear(head.in_features, head.out_features, bias=False)
+        other_head.weight = head.weight
+        # Swapped by hand, not with monkeypatch: pytest ≥ 9.2 undoes a patched attribute that was not in the
+        # instance's __dict__ by deleting it, and a submodule lives in _modules: the session target lost its head.
+        self.lm_head = other_head
+        try:
             return original(self, *args, **kwargs)
+        finally:
+            self.lm_head = head
 
     monkeypatch.setattr(type(attached), "forward", forward_with_another_head)
     with pytest.raises(SemSpecConfigError, match=r"`model` = 'LlamaForCausalLM' is not valid: allowed a target whose "

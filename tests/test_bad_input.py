@@ -21,8 +21,8 @@ def no_forward(monkeypatch, attached, close_draft):
         raise AssertionError("a forward pass ran before the bad input was rejected")
 
     for model in (attached, close_draft):
-        # In the instance's __dict__, removed afterwards: monkeypatch.setattr would restore the bound class method there,
-        # which then shadows a later test's patch of the class's forward on these session-wide models.
+        # In the instance's __dict__, removed afterwards: pytest < 9.2's monkeypatch.setattr restores the bound class
+        # method there, which then shadows a later test's patch of the class's forward on these session-wide models.
         monkeypatch.setitem(vars(model), "forward", forbidden)
     return attached, close_draft
 

@@ -10,13 +10,22 @@ resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
 `get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`, whose cache
 argument and output field are named by `CACHE_ARGUMENT` (renamed in transformers 5.24).
+
+The static-cache path adds: `GenerationMixin._valid_auto_compile_criteria` (transformers' own rule for when
+`generate()` compiles the forward: `compile_config`, `disable_compile`, the device, quantizers and offloading), which
+`compiles_forward` asks; a static layer's `cumulative_length` (the next write position, a tensor), which
+`rewind_cache` moves back on transformers 5.23, whose `StaticLayer` has no `crop` yet (5.24 added it, doing the same);
+and `GenerationConfig._pad_token_tensor` (the pad id `generate()` settled on, EOS where none was set), which batched
+outputs are padded with.
 """
 
 from __future__ import annotations
 
+import torch
 import transformers
 from packaging.version import Version
 from transformers import DynamicCache, GenerationConfig
+from transformers.cache_utils import Cache, StaticLayer
 
 # transformers 5.24 renamed the cache from `past_key_values` to `cache` everywhere the loop meets it: the keyword of
 # `generate()` and of the models' `forward`, the key of the `model_kwargs` that `generate()` hands the decoding loop,
@@ -79,3 +88,40 @@ def resolved_do_sample(kwargs: dict, generation_config: GenerationConfig | None,
         if value is not None:
             return bool(value)
     return False
+
+
+def compiles_forward(model, cache: Cache, generation_config: GenerationConfig) -> bool:
+    """Whether transformers' `generate()` would compile `model`'s forward for decoding with `cache` under
+    `generation_config` (`GenerationMixin._valid_auto_compile_criteria`): a compileable cache that is not a
+    `DynamicCache` (a static one), on a GPU-like device or with `compile_config._compile_all_devices`, and neither
+    `disable_compile`, a quantizer that cannot compile, nor CPU or disk offloading. A model that is not a
+    `GenerationMixin` (a pruned drafter) is judged by its backbone (`model.model`)."""
+    judge = model if hasattr(model, "_valid_auto_compile_criteria") else getattr(model, "model", None)
+    if not hasattr(judge, "_valid_auto_compile_criteria"):
+        return False
+    return bool(judge._valid_auto_compile_criteria({CACHE_ARGUMENT: cache}, generation_config))
+
+
+def rewind_cache(cache: Cache, num_tokens: int) -> None:
+    """Forgets the last `num_tokens` positions of `cache` (`num_tokens >= 0`). A dynamic cache is cropped (`crop(0)`
+    too: with past recording on, it cuts sliding-window layers back to their window); a static layer only moves its
+    write position back, in place (its tensors keep their addresses for CUDA graphs), so the next forward overwrites
+    the forgotten positions."""
+    if any(isinstance(layer, StaticLayer) for layer in cache.layers):
+        if num_tokens:
+            for layer in cache.layers:
+                if getattr(layer, "is_initialized", False):
+                    layer.cumulative_length.sub_(num_tokens)
+        return
+    cache.crop(-num_tokens)
+
+
+def pad_token_id(generation_config: GenerationConfig, fallback: int = 0) -> int:
+    """The id `generate()` pads finished rows with: the one it settled on (`_pad_token_tensor`: `pad_token_id`, else
+    the first EOS id, as transformers does for open-ended generation), else `fallback`."""
+    pad = getattr(generation_config, "_pad_token_tensor", None)
+    if pad is None:
+        pad = generation_config.pad_token_id
+    if pad is None:
+        return fallback
+    return int(pad.flatten()[0]) if isinstance(pad, torch.Tensor) else int(pad)

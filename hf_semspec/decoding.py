@@ -18,13 +18,22 @@ criteria, set `max_length`, created the target's cache and streamed the prompt �
 from __future__ import annotations
 
 import time
+import weakref
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.profiler import record_function
-from transformers import DynamicCache, GenerationConfig, LogitsProcessorList, StoppingCriteriaList
+from transformers import (
+    CompileConfig,
+    DynamicCache,
+    GenerationConfig,
+    LogitsProcessorList,
+    StaticCache,
+    StoppingCriteriaList,
+)
 from transformers.generation import (
     EosTokenCriteria,
     GenerateDecoderOnlyOutput,
@@ -32,13 +41,25 @@ from transformers.generation import (
     SynthIDTextWatermarkLogitsProcessor,
 )
 
-from ._transformers_compat import CACHE_ARGUMENT, passed_mask_length, stop_past_recording
+from ._transformers_compat import (
+    CACHE_ARGUMENT,
+    compiles_forward,
+    pad_token_id,
+    passed_mask_length,
+    stop_past_recording,
+)
+from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .drafting import ModelDrafter
 from .errors import invalid_value
-from .model_calls import accepts_forward_argument, capture_lm_head_input, forward_new_tokens
+from .model_calls import CachedModel, capture_lm_head_input
+from .processors import BatchProcessors
 from .rules.base import AcceptanceRule, VerificationInput
 from .stats import AcceptanceStats
+
+# `cache_implementation` values the loop runs with: a `DynamicCache` (None: transformers' default), or static caches
+# for both models, whose forwards are then compiled as transformers compiles plain decoding's.
+SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 # Keys of `model_kwargs` that the loop manages itself (transformers prepared them for one-token-per-step decoding).
 _MANAGED_MODEL_KWARGS = (CACHE_ARGUMENT, "attention_mask", "position_ids", "use_cache", "logits_to_keep")
@@ -50,10 +71,13 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
     Args:
         acceptance_stats (`AcceptanceStats`): drafted/accepted counts, target forwards, mean accepted length and
-            per-position acceptance of this call.
+            per-position acceptance of this call (all rows: one target forward per round verifies every row).
+        acceptance_stats_per_row (`list[AcceptanceStats]`): the same for each row (input order), its target
+            forwards the rounds it took part in.
     """
 
     acceptance_stats: AcceptanceStats | None = None
+    acceptance_stats_per_row: list[AcceptanceStats] | None = None
 
 
 def check_generation_config(generation_config: GenerationConfig, input_ids: torch.LongTensor, rule: AcceptanceRule):
@@ -99,20 +123,12 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
             "None with an acceptance rule (the loop prefills the prompt in one forward of each model)",
             "remove prefill_chunk_size, or drop assistant_model and acceptance for chunked prefill",
         )
-    if generation_config.cache_implementation not in (None, "dynamic"):
+    if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
         raise invalid_value(
             "cache_implementation",
             generation_config.cache_implementation,
-            "None or 'dynamic' (a DynamicCache, which can be rolled back after rejections)",
-            "remove cache_implementation, or pass cache_implementation='dynamic' with the call where a generation "
-            "config sets it",
-        )
-    if input_ids.shape[0] != 1:
-        raise invalid_value(
-            "input_ids.shape[0] (batch size)",
-            input_ids.shape[0],
-            "1 (batched speculative decoding is not supported yet)",
-            "call generate() once per prompt",
+            f"one of {SUPPORTED_CACHE_IMPLEMENTATIONS} with an acceptance rule ('static' for the compiled GPU path)",
+            "pass cache_implementation='static' or 'dynamic' with the call where a generation config sets another",
         )
     if input_ids.shape[1] == 0:
         raise invalid_value("input_ids.shape[1] (prompt length)", 0, "at least 1 token", "pass a non-empty prompt")
@@ -165,20 +181,20 @@ def _split_stopping_criteria(
 
 
 def _first_stop(
-    criteria: StoppingCriteriaList, input_ids: torch.LongTensor, new_tokens: torch.LongTensor, scores: tuple | None,
-    processed: torch.FloatTensor,
+    criteria: StoppingCriteriaList, prefix: torch.LongTensor, new_tokens: torch.LongTensor, scores: tuple | None,
+    processed: torch.FloatTensor | None,
 ) -> int | None:
-    """The first `i` such that `criteria` fire on the sequence through `new_tokens[:, i]`, or None.
+    """The first `i` such that `criteria` fire on `prefix` followed by `new_tokens[:, : i + 1]`, or None.
 
     Plain decoding calls the criteria after every token, so a criterion that reads the end of the sequence (a stop
     string, "the last token is X") must see each prefix, not only the round's last one. `scores` is what plain
-    decoding passes: the processed scores so far when they are recorded, else None.
+    decoding passes: the processed scores so far when they are recorded (`processed`: this round's), else None.
     """
     if len(criteria) == 0:
         return None
     for i in range(new_tokens.shape[1]):
         so_far = None if scores is None else scores + tuple(processed[:, j] for j in range(i + 1))
-        if bool(criteria(torch.cat([input_ids, new_tokens[:, : i + 1]], dim=1), so_far).all()):
+        if bool(criteria(torch.cat([prefix, new_tokens[:, : i + 1]], dim=1), so_far).all()):
             return i
     return None
 
@@ -198,14 +214,13 @@ def _unmanaged_forward_kwargs(model_kwargs: dict) -> dict:
 
 @record_function("hf_semspec.target_forward")
 def _target_forward(
-    model, cache, candidates, attention_mask, num_logits, supports_logits_to_keep, capture_hidden, **forward_kwargs
+    target: CachedModel, batch: DecodingBatch, end: int, num_logits: int, capture_hidden: bool, **forward_kwargs
 ) -> tuple[torch.FloatTensor, torch.FloatTensor | None]:
-    """Target logits `(batch, num_logits, vocab)` on the candidates' device, and the LM-head input at the same
-    positions when `capture_hidden`."""
+    """Target logits `(batch, num_logits, vocab)` on the batch's device, and the LM-head input at the same positions
+    when `capture_hidden`."""
+    model = target.model
     with capture_lm_head_input(model) if capture_hidden else nullcontext([]) as captured:
-        logits = forward_new_tokens(
-            model, cache, candidates, attention_mask, num_logits, supports_logits_to_keep, **forward_kwargs
-        ).to(candidates.device)
+        logits = target.forward(batch, end, num_logits, **forward_kwargs).to(batch.device)
     if capture_hidden and (not captured or captured[0] is None):
         # A forward that never called get_output_embeddings() (it computes its logits another way).
         raise invalid_value(
@@ -214,21 +229,108 @@ def _target_forward(
             "input)",
             "use an acceptance rule that does not read the target's hidden states (e.g. 'exact' or 'fly')",
         )
-    hidden = captured[0][:, -num_logits:].to(candidates.device) if capture_hidden else None
+    hidden = captured[0][:, -num_logits:].to(batch.device) if capture_hidden else None
     return logits, hidden
 
 
-@record_function("hf_semspec.logits_processors")
-def _process_positions(
-    logits_processor: LogitsProcessorList, candidates: torch.LongTensor, logits: torch.FloatTensor, length: int
-) -> torch.FloatTensor:
-    """Applies the processors to each verified position `i` with the prefix `candidates[:, :length + i]`."""
-    if len(logits_processor) == 0:
-        return logits
-    processed = logits.clone()  # the raw logits stay available for `output_logits`
-    for i in range(logits.shape[1]):
-        processed[:, i] = logits_processor(candidates[:, : length + i], processed[:, i])
-    return processed
+@dataclass
+class _RowRecord:
+    """What the host knows of one row across rounds: its statistics and, when recorded, its scores."""
+
+    stats: AcceptanceStats
+    scores: list = None
+    logits: list = None
+    sequence: torch.LongTensor | None = None  # set when the row finishes
+
+    def record_round(self, gamma: int, accepted: int, kept: int) -> None:
+        stats = self.stats
+        stats.num_target_forwards += 1
+        stats.num_drafted += gamma
+        stats.num_accepted += accepted
+        stats.num_new_tokens += kept
+        stats.drafted_per_round.append(gamma)
+        stats.accepted_per_round.append(accepted)
+        grow = gamma - len(stats.drafted_per_position)
+        if grow > 0:
+            stats.drafted_per_position += [0] * grow
+            stats.accepted_per_position += [0] * grow
+        for i in range(gamma):
+            stats.drafted_per_position[i] += 1
+            stats.accepted_per_position[i] += int(i < accepted)
+
+
+def _overall_stats(records: list[_RowRecord], rounds: list[tuple[int, int]]) -> AcceptanceStats:
+    """The call's statistics: every row's counts summed, one target forward per round (a batched forward verifies
+    every row), and per round the drafts of all its rows (`rounds`: (drafted, accepted) summed over rows)."""
+    total = sum(r.stats for r in records)
+    total.num_target_forwards = len(rounds)
+    total.drafted_per_round = [drafted for drafted, _ in rounds]
+    total.accepted_per_round = [accepted for _, accepted in rounds]
+    return total
+
+
+def _step_outputs(per_row: list[list[torch.Tensor]]) -> tuple[torch.FloatTensor, ...]:
+    """Per generated token, `(batch, vocab)`: row r's scores of its i-th new token; zeros for a row that had already
+    finished (plain batched decoding records the scores of the padding it appends there)."""
+    steps = max(len(row) for row in per_row)
+    template = next(row[0] for row in per_row if row)
+    return tuple(
+        torch.stack([row[i] if i < len(row) else torch.zeros_like(template) for row in per_row]) for i in range(steps)
+    )
+
+
+def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
+    """`model`'s forward compiled as transformers compiles it for `generate()` (`get_compiled_call`, kept on the model
+    across calls); a model without that method (a pruned drafter) gets the same `torch.compile` of its `__call__`,
+    kept here per model and config."""
+    if hasattr(model, "get_compiled_call"):
+        return model.get_compiled_call(compile_config)
+    config = compile_config if compile_config is not None else CompileConfig()
+    key = repr(config.to_dict())
+    kept = _COMPILED_FORWARDS.setdefault(model, {})
+    if key not in kept:
+        kept[key] = torch.compile(model.__call__, **config.to_dict())
+    return kept[key]
+
+
+_COMPILED_FORWARDS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
+
+
+def _static_caches(model, assistant_model, target_cache, generation_config, batch_size: int, capture_hidden: bool):
+    """The draft's static cache and the two compiled forwards (or None), for `cache_implementation="static"`.
+
+    The forwards are compiled where transformers' `generate()` would compile the target's (`compile_config`,
+    `disable_compile`, a GPU or `compile_config._compile_all_devices`; `compiles_forward`), each model judged on its
+    own device. A rule that reads the target's hidden states (a forward hook) keeps the target's forward eager."""
+    if batch_size != 1:
+        raise invalid_value(
+            "cache_implementation", "static",
+            "'static' with one prompt (the batched loop keeps rejected drafts in its caches, which a static cache sized "
+            "for the output cannot hold)",
+            "pass cache_implementation='dynamic' for a batch, or call generate() once per prompt",
+        )
+    if any(getattr(layer, "is_sliding", False) for layer in target_cache.layers):
+        raise invalid_value(
+            "cache_implementation", "static",
+            "'static' for models without sliding-window layers (a static sliding layer cannot be rolled back)",
+            "pass cache_implementation='dynamic'",
+        )
+    capacity = target_cache.get_max_length()
+    draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity)
+    if any(getattr(layer, "is_sliding", False) for layer in draft_cache.layers):
+        raise invalid_value(
+            "assistant_model", type(assistant_model).__name__,
+            "a draft without sliding-window layers with cache_implementation='static'",
+            "pass cache_implementation='dynamic'",
+        )
+    compile_config = generation_config.compile_config
+    compiled_target = None
+    if not capture_hidden and compiles_forward(model, target_cache, generation_config):
+        compiled_target = compiled_forward(model, compile_config)
+    compiled_draft = None
+    if compiles_forward(assistant_model, draft_cache, generation_config):
+        compiled_draft = compiled_forward(assistant_model, compile_config)
+    return capacity, draft_cache, compiled_target, compiled_draft
 
 
 def speculative_decode(
@@ -247,94 +349,131 @@ def speculative_decode(
     """Speculative decoding of `model` (the target) with `assistant_model` (the draft) and an acceptance `rule`.
 
     Args:
-        input_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt.
+        input_ids (`torch.LongTensor` of shape `(batch, prompt_length)`): the prompts, left-padded (`attention_mask`
+            in `model_kwargs`).
         logits_processor / stopping_criteria / generation_config: as prepared by `GenerationMixin.generate`.
         assistant_model (`PreTrainedModel`): the draft model.
         rule (`AcceptanceRule`): decides which drafts are kept (`acceptance=`).
-        draft_length (`DraftLengthPolicy`): decides how many tokens to draft each round (`draft_length=`).
+        draft_length (`DraftLengthPolicy`): decides how many tokens to draft each round (`draft_length=`), one length
+            for all rows.
         streamer (`BaseStreamer`, *optional*): receives each round's new tokens.
         model_kwargs: the target's cache (`cache`, or `past_key_values` before transformers 5.24), `attention_mask`,
             and non-tensor forward options.
 
     Returns:
         `SpeculativeDecoderOnlyOutput` if `generation_config.return_dict_in_generate`, else the sequences
-        `torch.LongTensor` of shape `(1, total_length)`.
+        `torch.LongTensor` of shape `(batch, total_length)`, rows that ended early padded with the pad token.
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     check_generation_config(generation_config, input_ids, rule)
     check_logits_processors(logits_processor)
+    batch_size = input_ids.shape[0]
+    processors = BatchProcessors(logits_processor, batch_size)
     target_cache = model_kwargs[CACHE_ARGUMENT]
-    if not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
+    static = generation_config.cache_implementation == "static"
+    if not static and not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
         raise invalid_value(
             CACHE_ARGUMENT, type(target_cache).__name__,
-            "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one)",
+            "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one; "
+            "cache_implementation='static' for a static one)",
             f"pass {CACHE_ARGUMENT}=DynamicCache(...) or leave it out",
         )
     attention_mask = model_kwargs.get("attention_mask")
-    cached = target_cache.get_seq_length()
+    cached = target_cache.get_seq_length() if not static else 0
     mask_length = passed_mask_length(generation_config, attention_mask, input_ids.shape[1])
-    if cached >= input_ids.shape[1] or mask_length != input_ids.shape[1]:
+    if cached or mask_length != input_ids.shape[1]:
         # transformers can restart from a cache with only the new ids and a full mask; the loop (and the draft, which
         # fills its own cache from the ids) needs the whole sequence, as a continuation from a returned cache has.
+        if cached >= input_ids.shape[1] or mask_length != input_ids.shape[1]:
+            raise invalid_value(
+                "input_ids",
+                f"{input_ids.shape[1]} tokens with a {CACHE_ARGUMENT} of {cached} and an attention_mask of "
+                f"{mask_length}",
+                "the whole sequence with an acceptance rule: the tokens the cache holds, then at least one more, and "
+                "a mask of the same length",
+                f"pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a {CACHE_ARGUMENT} "
+                "returned by generate() holds all of out.sequences but the last token)",
+            )
+        if batch_size != 1:
+            raise invalid_value(
+                CACHE_ARGUMENT, f"a cache of {cached} tokens", "none with several prompts",
+                "continue one prompt at a time from a returned cache",
+            )
+    if streamer is not None and batch_size != 1:
         raise invalid_value(
-            "input_ids",
-            f"{input_ids.shape[1]} tokens with a {CACHE_ARGUMENT} of {cached} and an attention_mask of {mask_length}",
-            "the whole sequence with an acceptance rule: the tokens the cache holds, then at least one more, and a "
-            "mask of the same length",
-            f"pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a {CACHE_ARGUMENT} "
-            "returned by generate() holds all of out.sequences but the last token)",
+            "streamer", type(streamer).__name__, "None with several prompts (a streamer follows one sequence)",
+            "drop the streamer, or call generate() once per prompt",
         )
-    target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
     forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
-    target_supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
     do_sample = bool(generation_config.do_sample)
     eos_ids, max_length, called_stopping_criteria = _split_stopping_criteria(
         stopping_criteria, generation_config.max_length
     )
+    capture_hidden = rule.requires_target_hidden_states
+    if static:
+        capacity, draft_cache, compiled_target, compiled_draft = _static_caches(
+            model, assistant_model, target_cache, generation_config, batch_size, capture_hidden
+        )
+    else:
+        target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
+        capacity, draft_cache, compiled_target, compiled_draft = input_ids.shape[1] + 64, None, None, None
+    batch = DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static)
+    target = CachedModel(model, target_cache, compiled=compiled_target, static=static)
+    target.cached = cached
     drafter = ModelDrafter(
         assistant_model,
-        logits_processor,
+        processors,
         do_sample=do_sample,
         return_probs=do_sample or rule.requires_draft_probs,
         output_device=input_ids.device,
         vocab_size=model.config.get_text_config().vocab_size,
         redistribute=rule.redistributes_draft,
         stop_token_ids=frozenset(eos_ids),
+        cache=draft_cache,
+        compiled=compiled_draft,
     )
-    lm_head = model.get_output_embeddings() if rule.requires_target_hidden_states else None
+    if batch_size != 1:
+        for field, cache in (("model", target_cache), ("assistant_model", drafter.cache)):
+            if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+                raise invalid_value(
+                    "input_ids.shape[0] (batch size)", batch_size,
+                    f"1 when {field} has sliding-window layers (a batch keeps rejected drafts in the caches as masked "
+                    "slots, which a sliding window would count against its width)",
+                    "call generate() once per prompt",
+                )
+    lm_head = model.get_output_embeddings() if capture_hidden else None
     return_dict = generation_config.return_dict_in_generate
-    scores = () if return_dict and generation_config.output_scores else None
-    raw_logits = () if return_dict and generation_config.output_logits else None
-    prompt_length = input_ids.shape[1]
-    num_target_forwards = 0
+    records = [_RowRecord(AcceptanceStats(), [], []) for _ in range(batch_size)]
+    keep_scores = return_dict and generation_config.output_scores
+    keep_logits = return_dict and generation_config.output_logits
+    rounds: list[tuple[int, int]] = []
     draft_length.set_deferred_window(rule.deferred_window)
 
-    finished = False
-    while not finished:
-        length = input_ids.shape[1]
+    while batch.rows:
         round_start = time.perf_counter()
 
-        # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens and must
-        #    stay within max_length; a per-token policy may stop earlier.
-        budget = max(0, min(draft_length.max_tokens(), max_length - length - 1))
-        draft = drafter.draft(input_ids, attention_mask, budget, draft_length)
-        candidates = draft.sequence
-        gamma = candidates.shape[1] - length
+        # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens, and the
+        #    row with the most room left must stay within max_length (and the slots within a static cache); a
+        #    per-token policy may stop earlier.
+        budget = max(0, min(draft_length.max_tokens(), batch.room(max_length) - 1,
+                            batch.slot_capacity - batch.num_slots))
+        batch.reserve(batch.num_slots + budget)
+        batch.reserve_tokens(max(batch.lengths) + budget + 1)
+        draft = drafter.draft(batch, budget, draft_length)
+        gamma = draft.num_tokens
 
-        # 2. One target forward over the unseen tokens and the drafts: logits for the γ + 1 positions.
+        # 2. One target forward over the unseen slots and the drafts: logits for the γ + 1 verified positions.
         target_logits, hidden = _target_forward(
-            model, target_cache, candidates, attention_mask, gamma + 1, target_supports_logits_to_keep,
-            capture_hidden=lm_head is not None, **forward_kwargs,
+            target, batch, batch.num_slots + gamma, gamma + 1, capture_hidden, **forward_kwargs
         )
-        num_target_forwards += 1
 
         # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
-        processed = _process_positions(logits_processor, candidates, target_logits, length)
+        processed = processors(batch, target_logits, 0)
 
         # 4. Verify.
         result = rule.verify(
             VerificationInput(
-                draft_token_ids=candidates[:, length:],
+                draft_token_ids=draft.tokens,
                 target_logits=processed,
                 draft_probs=draft.probs,
                 target_hidden_states=hidden,
@@ -344,66 +483,114 @@ def speculative_decode(
             )
         )
 
-        # 5. The round's one host sync: accepted count, next token and drafts, to cut at EOS / max_length (and the
-        #    drafts that passed the rule's own test, for a draft-length policy, when the rule has a deferred window);
-        #    then other stopping criteria, on each prefix (calling them is the user's cost, only when given).
+        # 5. The round's one host sync: accepted counts, next tokens and drafts of every row, to cut each row at EOS
+        #    / max_length (and the drafts that passed the rule's own test, for a draft-length policy, when the rule
+        #    has a deferred window); then other stopping criteria, on each prefix (calling them is the user's cost,
+        #    only when given).
         matched = [] if result.num_matched is None else [result.num_matched]
-        synced = torch.cat([result.num_accepted, result.next_token, *matched, candidates[0, length:]]).tolist()
-        num_accepted, next_token = synced[0], synced[1]
-        num_matched = synced[2] if matched else None
-        drafted = synced[2 + len(matched) :]
-        emitted = drafted[:num_accepted] + [next_token]
-        # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
-        # transformers lets set a max_length at or below the prompt's length).
-        keep = max(1, min(len(emitted), max_length - length))
-        eos_at = next((i for i, token in enumerate(emitted[:keep]) if token in eos_ids), None)
-        if eos_at is not None:
-            keep = eos_at + 1
-        new_tokens = torch.cat([candidates[:, length : length + num_accepted], result.next_token[:, None]], dim=1)
-        new_tokens = new_tokens[:, :keep]
-        stop_at = _first_stop(called_stopping_criteria, input_ids, new_tokens, scores, processed)
-        if stop_at is not None:
-            keep = stop_at + 1
-            new_tokens = new_tokens[:, :keep]
-        # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they do
-        # not count as accepted, even where the target agrees with them, and a round cut among its accepted drafts
-        # saw no rejection (`cut`: its tokens are `keep`, not accepted + 1).
-        draft_length.observe(
-            RoundOutcome(
-                gamma, min(num_accepted, keep), time.perf_counter() - round_start,
-                includes_prefill=num_target_forwards == 1,
-                num_matched=None if num_matched is None else min(num_matched, keep),
-                cut=keep <= num_accepted,
+        synced = torch.cat([result.num_accepted, result.next_token, *matched, draft.tokens.flatten()]).tolist()
+        size = batch.size
+        accepted, next_tokens = synced[:size], synced[size : 2 * size]
+        num_matched = synced[2 * size : 3 * size] if matched else [None] * size
+        drafted = synced[(2 + len(matched)) * size :]
+        alive = batch.live
+        seconds = time.perf_counter() - round_start
+        kept, finished = [], []
+        for i in range(size):
+            n, length = accepted[i], batch.lengths[i]
+            if not alive[i]:
+                kept.append(0)
+                continue
+            emitted = drafted[i * gamma : i * gamma + n] + [next_tokens[i]]
+            # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
+            # transformers lets set a max_length at or below the prompt's length).
+            keep = max(1, min(len(emitted), max_length - length))
+            eos_at = next((j for j, token in enumerate(emitted[:keep]) if token in eos_ids), None)
+            if eos_at is not None:
+                keep = eos_at + 1
+            stop_at = None
+            if called_stopping_criteria:
+                new_tokens = torch.cat([draft.tokens[i : i + 1, :n], result.next_token[i : i + 1, None]], dim=1)
+                stop_at = _first_stop(
+                    called_stopping_criteria, batch.prefix(i, 0), new_tokens[:, :keep],
+                    _scores_so_far(records[batch.rows[i]]) if keep_scores and batch_size == 1 else None,
+                    processed[i : i + 1],
+                )
+            if stop_at is not None:
+                keep = stop_at + 1
+            kept.append(keep)
+            if eos_at is not None or stop_at is not None or length + keep >= max_length:
+                finished.append(i)
+            # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they
+            # do not count as accepted, even where the target agrees with them, and a round cut among its accepted
+            # drafts saw no rejection (`cut`: its tokens are `keep`, not accepted + 1). Rows share the round's time.
+            draft_length.observe(
+                RoundOutcome(
+                    gamma, min(n, keep), seconds / sum(alive), includes_prefill=not rounds,
+                    num_matched=None if num_matched[i] is None else min(num_matched[i], keep), cut=keep <= n,
+                )
             )
-        )
+            record = records[batch.rows[i]]
+            record.record_round(gamma, n, keep)
+            if keep_scores:
+                record.scores.extend(processed[i, :keep])
+            if keep_logits:
+                record.logits.extend(target_logits[i, :keep])
+        rounds.append((gamma * sum(alive), sum(a for a, live in zip(accepted, alive) if live)))
 
-        # 6. Append, stream, and roll both caches back to the output but its last token, which is not cached yet: the
-        #    accepted prefix, or less where the round was cut (what a continuation from the returned cache expects).
-        input_ids = torch.cat([input_ids, new_tokens], dim=1)
-        if attention_mask is not None:
-            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(1, keep)], dim=1)
+        # 6. Append, stream, and roll both caches back to the slots the rows still need: through each row's accepted
+        #    drafts (the others' rejected ones become holes), but the last token, which is not cached yet (a
+        #    finished single row: its output but the last token, what a continuation from the returned cache expects).
+        batch.commit(result.num_accepted, result.next_token, accepted, kept)
         if streamer is not None:
-            streamer.put(new_tokens.cpu())
-        num_cached = length + keep - 1  # = length + num_accepted unless the round was cut
-        target_cache.crop(-(target_cache.get_seq_length() - num_cached))
-        drafter.rollback(num_cached)
+            streamer.put(batch.prefix(0, 0)[:, -kept[0]:].cpu())
+        if batch_size == 1 and finished:
+            target.rewind(batch.lengths[0] - 1)
+        else:
+            target.rewind(batch.num_slots - 1)
 
-        # 7. Outputs and stopping.
-        if scores is not None:
-            scores += tuple(processed[:, i] for i in range(keep))
-        if raw_logits is not None:
-            raw_logits += tuple(target_logits[:, i] for i in range(keep))
-        finished = eos_at is not None or stop_at is not None or input_ids.shape[1] >= max_length
+        # 7. Finished rows leave (with a static cache they stay, masked, for its fixed shape).
+        for i in finished:
+            records[batch.rows[i]].sequence = batch.prefix(i, 0)[0].clone()
+            if static:
+                batch.finish(i)
+        if static:
+            if not any(batch.live):
+                break
+        elif finished:
+            index = batch.keep_rows([i for i in range(size) if i not in finished])
+            if batch.rows:
+                target.keep_rows(index)
+                drafter.runner.keep_rows(index)
 
     if streamer is not None:
         streamer.end()
-    stop_past_recording(target_cache)
-    if not return_dict:
-        return input_ids
-    return SpeculativeDecoderOnlyOutput(
-        sequences=input_ids,
-        scores=scores,
-        logits=raw_logits,
-        **{CACHE_ARGUMENT: target_cache},
-        acceptance_stats=rule.counters.to_stats(num_target_forwards, input_ids.shape[1] - prompt_length),
+    if not static:
+        stop_past_recording(target_cache)
+    sequences = _padded(
+        [record.sequence for record in records], pad_token_id(generation_config, fallback=min(eos_ids, default=0))
     )
+    if not return_dict:
+        return sequences
+    return SpeculativeDecoderOnlyOutput(
+        sequences=sequences,
+        scores=_step_outputs([r.scores for r in records]) if keep_scores else None,
+        logits=_step_outputs([r.logits for r in records]) if keep_logits else None,
+        # With several rows the caches hold holes and rows that left: nothing a continuation could use.
+        **{CACHE_ARGUMENT: target_cache if batch_size == 1 else None},
+        acceptance_stats=_overall_stats(records, rounds),
+        acceptance_stats_per_row=[record.stats for record in records],
+    )
+
+
+def _scores_so_far(record: _RowRecord) -> tuple:
+    return tuple(score[None] for score in record.scores)
+
+
+def _padded(sequences: list[torch.LongTensor], pad_token_id: int) -> torch.LongTensor:
+    """The rows, right-padded to the longest with `pad_token_id`, as transformers pads rows that finished early."""
+    length = max(s.shape[0] for s in sequences)
+    out = sequences[0].new_full((len(sequences), length), pad_token_id)
+    for row, sequence in enumerate(sequences):
+        out[row, : sequence.shape[0]] = sequence
+    return out

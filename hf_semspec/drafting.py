@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch.profiler import record_function
 from transformers import LogitsProcessorList
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import Cache, DynamicCache
 
+from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy
-from .model_calls import accepts_forward_argument, forward_new_tokens
+from .model_calls import CachedModel
+from .processors import BatchProcessors
 from .rules.base import sample_categorical
 
 
@@ -19,13 +21,18 @@ class DraftBlock:
     """One round's drafts.
 
     Args:
-        sequence (`torch.LongTensor` of shape `(batch, length + γ)`): the committed tokens followed by the drafts.
+        tokens (`torch.LongTensor` of shape `(batch, γ)`): the drafts, in target vocabulary ids; also written into the
+            batch (`DecodingBatch.write_draft`).
         probs (`torch.FloatTensor` of shape `(batch, γ, vocab)`, *optional*): the distribution each draft was drawn
             from, after the logits processors (what the verifier calls q).
     """
 
-    sequence: torch.LongTensor
+    tokens: torch.LongTensor
     probs: torch.FloatTensor | None
+
+    @property
+    def num_tokens(self) -> int:
+        return self.tokens.shape[1]
 
 
 class ModelDrafter:
@@ -42,17 +49,20 @@ class ModelDrafter:
 
     Args:
         model (`PreTrainedModel`): the draft (assistant) model; may live on another device or dtype than the target.
-        logits_processor (`LogitsProcessorList`): the processors transformers prepared for this `generate()` call.
+        logits_processor (`LogitsProcessorList` or `BatchProcessors`): the processors transformers prepared for this
+            `generate()` call.
         do_sample (`bool`): draw drafts from q (`True`) or take argmax q (`False`).
         return_probs (`bool`): keep q for the verifier (needed when sampling or when the rule asks for it).
         output_device (`torch.device`): where drafts and q are returned (the target's device).
         vocab_size (`int`): the target's vocabulary size (width of the distributions returned).
         redistribute (`bool`): draw from the RDK-redistributed r = q·K instead of q (needs `rdk_indices`).
         generator (`torch.Generator`, *optional*): the source of the draws when sampling (torch's global RNG if None).
-        stop_token_ids (`frozenset[int]`, *optional*): EOS ids. A round that asks a per-token policy ends after
-            drafting one of them: nothing drafted after an EOS is ever used (an accepted EOS ends the generation, a
+        stop_token_ids (`frozenset[int]`, *optional*): EOS ids. A round that asks a per-token policy ends once every
+            row has drafted one of them: nothing drafted after an EOS is ever used (an accepted EOS ends the row, a
             rejected one discards what follows), and that policy syncs with the host per token anyway. Fixed-budget
             rounds draft on without the check, which would cost them a sync per token.
+        cache (`Cache`, *optional*): the draft's KV cache (default: a `DynamicCache`); a static one with `compiled`.
+        compiled (`Callable`, *optional*): the draft's compiled forward for its fixed-shape steps.
     """
 
     def __init__(
@@ -66,8 +76,12 @@ class ModelDrafter:
         redistribute: bool = False,
         generator: torch.Generator | None = None,
         stop_token_ids: frozenset[int] = frozenset(),
+        cache: Cache | None = None,
+        compiled=None,
     ):
         self.model = model
+        if not isinstance(logits_processor, BatchProcessors):
+            logits_processor = BatchProcessors(logits_processor, batch_size=1)
         self.logits_processor = logits_processor
         self.do_sample = do_sample
         self.return_probs = return_probs
@@ -75,9 +89,13 @@ class ModelDrafter:
         self.vocab_size = vocab_size
         self.generator = generator
         self.stop_token_ids = stop_token_ids
-        self.cache = DynamicCache(config=model.config)
-        self.cache.activate_past_recording()
-        self._supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
+        if cache is None:
+            cache = DynamicCache(config=model.config)
+            cache.activate_past_recording()
+        self.runner = CachedModel(model, cache, compiled=compiled, static=not isinstance(cache, DynamicCache))
+        # A compiled draft catches up on the last two slots of each round (the one a fully accepted round drafted but
+        # never fed, and the target's token), so that its first forward always has the same shape.
+        self.catch_up = 2 if compiled is not None else 1
         kept = getattr(model, "kept_token_ids", None)
         self.kept_token_ids = None if kept is None else kept.to(output_device)
         # The rule checked before decoding that a redistributing drafter has its kernel (check_assistant_model).
@@ -85,8 +103,12 @@ class ModelDrafter:
             (model.rdk_indices.to(output_device), model.rdk_weights.to(output_device).float()) if redistribute else None
         )
 
+    @property
+    def cache(self) -> Cache:
+        return self.runner.cache
+
     def _next_token(
-        self, prefix: torch.LongTensor, logits: torch.FloatTensor, keep_probs: bool
+        self, batch: DecodingBatch, index: int, logits: torch.FloatTensor, keep_probs: bool
     ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
         """The drafted token `(batch,)` and, if `keep_probs`, the distribution it was drawn from `(batch, vocab)`.
 
@@ -99,7 +121,7 @@ class ModelDrafter:
             full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
             logits = full.index_copy(1, self.kept_token_ids, logits)
         if processors:
-            logits = self.logits_processor(prefix, logits)
+            logits = self.logits_processor(batch, logits[:, None], index)[:, 0]
         if not (keep_probs or self.do_sample or self.rdk_kernel is not None):
             return logits.argmax(-1), None
         q = logits.softmax(-1)
@@ -119,55 +141,43 @@ class ModelDrafter:
         return uniform.index_fill_(0, self.kept_token_ids, 1.0 / len(self.kept_token_ids))
 
     @record_function("hf_semspec.draft")
-    def draft(
-        self,
-        input_ids: torch.LongTensor,
-        attention_mask: torch.LongTensor | None,
-        max_tokens: int,
-        policy: DraftLengthPolicy | None = None,
-    ) -> DraftBlock:
-        """Drafts up to `max_tokens` tokens after `input_ids` (shape `(batch, length)`).
+    def draft(self, batch: DecodingBatch, max_tokens: int, policy: DraftLengthPolicy | None = None) -> DraftBlock:
+        """Drafts up to `max_tokens` tokens into the slots after `batch.num_slots` (and after each row's tokens).
 
         A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; such
-        a round also ends after an EOS (`stop_token_ids`), read after the policy's decision, when that sync has
-        already waited for the token. Without one, drafting makes no host sync of its own (with a padded prompt,
-        transformers' mask preparation reads the 2D mask once per forward, as it does in plain decoding).
+        a round also ends once every row drafted an EOS (`stop_token_ids`), read after the policy's decision, when
+        that sync has already waited for the token. Without one, drafting makes no host sync of its own (with a
+        padded prompt, transformers' mask preparation reads the 2D mask once per forward, as it does in plain
+        decoding).
         """
-        length = input_ids.shape[1]
-        sequence = torch.cat([input_ids, input_ids.new_zeros(input_ids.shape[0], max_tokens)], dim=1)
+        start = batch.num_slots
         asks_policy = policy is not None and policy.decides_per_token
         keep_probs = self.return_probs or (asks_policy and policy.reads_draft_probs)
-        probs = []
-        num_drafted = 0
-        while num_drafted < max_tokens:
-            prefix = sequence[:, : length + num_drafted]
-            logits = forward_new_tokens(
-                self.model, self.cache, prefix, attention_mask, 1, self._supports_logits_to_keep
-            )[:, -1].to(self.output_device)
-            token, q = self._next_token(prefix, logits, keep_probs)
-            sequence[:, length + num_drafted] = token
+        self.runner.rewind(start - self.catch_up)
+        tokens, probs = [], []
+        while len(tokens) < max_tokens:
+            index = len(tokens)
+            logits = self.runner.forward(batch, start + index, 1)[:, -1].to(self.output_device)
+            token, q = self._next_token(batch, index, logits, keep_probs)
+            batch.write_draft(index, token)
+            tokens.append(token)
             probs.append(q)
-            num_drafted += 1
-            if asks_policy and num_drafted < max_tokens:
+            if asks_policy and len(tokens) < max_tokens:
                 # The policy's read first: it syncs on q, which comes after the token, so the EOS read below then
                 # waits for nothing (the other order would wait twice per token).
-                if not policy.keep_drafting(num_drafted, q):
+                if not policy.keep_drafting(len(tokens), q):
                     break
-                if self.stop_token_ids and int(token[0]) in self.stop_token_ids:
+                if self.stop_token_ids and set(token.tolist()) <= self.stop_token_ids:
                     break
+        empty = batch.ids.new_zeros(batch.size, 0)
         return DraftBlock(
-            sequence=sequence[:, : length + num_drafted],
+            tokens=torch.stack(tokens, dim=1) if tokens else empty,
             probs=torch.stack(probs, dim=1) if (self.return_probs and probs) else None,
         )
 
-    def rollback(self, num_valid_tokens: int) -> None:
-        """Forgets cached positions past the first `num_valid_tokens` tokens (the rejected drafts)."""
-        cached = self.cache.get_seq_length()
-        if cached == 0:  # nothing drafted yet (a first round with no budget): no layer to crop is initialized
-            return
-        # Also when nothing is rejected: with past recording on, crop(0) is what cuts a sliding-window layer back to
-        # its window (a fully accepted round would keep every state; full-attention layers are left as they are).
-        self.cache.crop(-max(cached - num_valid_tokens, 0))
+    def rewind(self, num_slots: int) -> None:
+        """Forgets cached slots past the first `num_slots` (the drafts no row accepted)."""
+        self.runner.rewind(num_slots)
 
 
 def redistribute(

@@ -1,6 +1,6 @@
 """Forward passes with a KV cache, shared by the drafter and the target.
 
-We call the models' `forward` directly (no nested `generate()`): the speculative loop knows exactly which tokens each
+We call the models' `forward` directly (no nested `generate()`): the speculative loop knows exactly which slots each
 cache has seen, so each call feeds only the new ones.
 """
 
@@ -14,50 +14,78 @@ from typing import Iterator
 import torch
 from transformers.cache_utils import Cache
 
-from ._transformers_compat import CACHE_ARGUMENT
+from ._transformers_compat import CACHE_ARGUMENT, rewind_cache
+from .batch import DecodingBatch
 
 
 def accepts_forward_argument(model: torch.nn.Module, name: str) -> bool:
     return name in inspect.signature(model.forward).parameters
 
 
-def forward_new_tokens(
-    model: torch.nn.Module,
-    cache: Cache,
-    sequence: torch.LongTensor,
-    attention_mask: torch.LongTensor | None,
-    num_logits: int,
-    supports_logits_to_keep: bool,
-    **extra_forward_kwargs,
-) -> torch.FloatTensor:
-    """Feeds `sequence[:, cache_length:]` to `model` and returns the logits of the last `num_logits` positions.
+class CachedModel:
+    """A model and its KV cache, fed slots of a `DecodingBatch` (its token ids in cache order).
+
+    The host keeps the count of cached slots (`cached`), so that no call reads a length back from the device (a
+    static cache keeps its length in a tensor). A forward feeds the slots `[cached, end)`; `rewind` forgets slots.
 
     Args:
-        sequence (`torch.LongTensor` of shape `(batch, length)`): the whole sequence so far; the cache holds a prefix.
-        attention_mask (`torch.LongTensor` of shape `(batch, ≤ length)`, *optional*): mask of the committed tokens,
-            extended with ones over the rest of `sequence`; `None` when there is no padding (the model then derives
-            positions from the cache length).
-        num_logits (`int`): how many trailing positions need logits.
-
-    Returns:
-        `torch.FloatTensor` of shape `(batch, num_logits, vocab)`, float32, on the model's output device.
+        model (`torch.nn.Module`): a causal LM (or a pruned drafter) whose forward takes the cache by
+            `CACHE_ARGUMENT`.
+        cache (`Cache`): its cache, dynamic or static.
+        compiled (`Callable`, *optional*): the compiled forward (`torch.compile`), used for every forward but the
+            first, which prefills the prompt at a shape seen once.
+        static (`bool`): the cache is static: compiled forwards take the 2D mask at its full, fixed length.
     """
-    past_length = cache.get_seq_length()
-    new_ids = sequence[:, past_length:].to(model.device)
-    kwargs = dict(extra_forward_kwargs)
-    if attention_mask is not None:
-        mask = attention_mask[:, : sequence.shape[1]].to(model.device)
-        if mask.shape[1] < sequence.shape[1]:  # draft tokens beyond the committed mask are real tokens
-            mask = torch.cat([mask, mask.new_ones(mask.shape[0], sequence.shape[1] - mask.shape[1])], dim=1)
-        # Left padding shifts positions: position = number of real tokens before this one.
-        position_ids = (mask.long().cumsum(-1) - 1).clamp_min(0)
-        kwargs["attention_mask"] = mask
-        kwargs["position_ids"] = position_ids[:, past_length:]
-    if supports_logits_to_keep:
-        kwargs["logits_to_keep"] = num_logits
-    kwargs[CACHE_ARGUMENT] = cache
-    outputs = model(input_ids=new_ids, use_cache=True, **kwargs)
-    return outputs.logits[:, -num_logits:].float()
+
+    def __init__(self, model: torch.nn.Module, cache: Cache, compiled=None, static: bool = False):
+        self.model = model
+        self.cache = cache
+        self.compiled = compiled
+        self.static = static
+        self.cached = 0
+        self.supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
+        self.takes_position_ids = accepts_forward_argument(model, "position_ids")
+
+    def forward(self, batch: DecodingBatch, end: int, num_logits: int, **extra_forward_kwargs) -> torch.FloatTensor:
+        """Feeds slots `[cached, end)` and returns the logits of the last `num_logits` of them.
+
+        Returns:
+            `torch.FloatTensor` of shape `(batch, num_logits, vocab)`, float32, on the model's output device.
+        """
+        start = self.cached
+        device = self.model.device
+        kwargs = dict(extra_forward_kwargs)
+        mask = batch.model_mask(end, full=self.static)
+        if mask is not None:
+            kwargs["attention_mask"] = mask.to(device)
+        if self.takes_position_ids:
+            kwargs["position_ids"] = batch.positions(start, end).to(device)
+        if self.supports_logits_to_keep:
+            kwargs["logits_to_keep"] = num_logits
+        kwargs[CACHE_ARGUMENT] = self.cache
+        compiled = self.compiled is not None and start > 0
+        outputs = (self.compiled if compiled else self.model)(
+            input_ids=batch.ids[:, start:end].to(device), use_cache=True, **kwargs
+        )
+        self.cached = end
+        logits = outputs.logits[:, -num_logits:]
+        if compiled and logits.dtype == torch.float32:
+            # A CUDA graph's output is overwritten by its next replay (`float()` copies only other dtypes).
+            return logits.clone()
+        return logits.float()
+
+    def rewind(self, num_slots: int) -> None:
+        """Forgets cached slots past the first `num_slots` (also when none are: with past recording on, that cuts a
+        sliding-window layer back to its window)."""
+        if self.cached == 0:  # nothing fed yet (a first round with no budget): no layer is initialized
+            return
+        rewind_cache(self.cache, max(self.cached - num_slots, 0))
+        self.cached = min(self.cached, num_slots)
+
+    def keep_rows(self, index: torch.LongTensor) -> None:
+        """Keeps the batch rows at `index` (a dynamic cache; finished rows leave it)."""
+        if self.cached:
+            self.cache.batch_select_indices(index.to(self.model.device))
 
 
 @contextmanager

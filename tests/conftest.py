@@ -102,6 +102,14 @@ def tiny_tokenizer():
     )
 
 
+def batch_of(input_ids: torch.LongTensor, attention_mask: torch.LongTensor | None = None):
+    """The loop's `DecodingBatch` for `input_ids`, for tests that drive a `ModelDrafter` by hand."""
+    from hf_semspec.batch import DecodingBatch
+
+    return DecodingBatch(input_ids, attention_mask, slot_capacity=input_ids.shape[1] + 64,
+                         token_capacity=input_ids.shape[1] + 64, grow=True)
+
+
 def prompt(length: int = 8, seed: int = 0) -> torch.LongTensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randint(4, VOCAB, (1, length), generator=g)

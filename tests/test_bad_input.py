@@ -74,9 +74,17 @@ def test_a_misspelled_field_in_a_generation_config_is_named(no_forward, tmp_path
         generate(no_forward, acceptance="exact")
 
 
-def test_batch_size_above_one(no_forward):
-    with pytest.raises(SemSpecConfigError, match=r"batch size.*= 2.*call generate\(\) once per prompt"):
-        generate(no_forward, acceptance="exact", input_ids=torch.cat([prompt(6), prompt(6, seed=1)]))
+def test_a_batch_with_a_processor_that_holds_the_whole_batch(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"batch size.*= 2.*1 with prefix_allowed_tokens_fn.*call generate\(\) "
+                                                 r"once per prompt"):
+        generate(no_forward, acceptance="exact", input_ids=torch.cat([prompt(6), prompt(6, seed=1)]),
+                 prefix_allowed_tokens_fn=lambda batch_id, ids: [4, 5])
+
+
+def test_a_static_cache_for_a_batch(no_forward):
+    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'.*with one prompt"):
+        generate(no_forward, acceptance="exact", input_ids=torch.cat([prompt(6), prompt(6, seed=1)]),
+                 cache_implementation="static")
 
 
 def test_num_return_sequences(no_forward):
@@ -124,9 +132,14 @@ def test_empty_max_new_tokens(no_forward, value):
         generate(no_forward, acceptance="exact", max_new_tokens=value)
 
 
-def test_static_cache(no_forward):
-    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
-        generate(no_forward, acceptance="exact", cache_implementation="static")
+@pytest.mark.parametrize("implementation", ["offloaded", "offloaded_static"])
+def test_cache_implementations_other_than_dynamic_or_static(no_forward, implementation):
+    with pytest.raises(SemSpecConfigError, match=rf"`cache_implementation` = '{implementation}' .*allowed one of "
+                                                 r"\(None, 'dynamic', 'static'\)"):
+        generate(no_forward, acceptance="exact", cache_implementation=implementation)
+
+
+def test_a_static_cache_passed_by_the_user(no_forward):
     target, _ = no_forward
     static = StaticCache(config=target.config, max_cache_len=32)
     with pytest.raises(SemSpecConfigError, match=rf"`{CACHE_ARGUMENT}` = 'StaticCache' .*allowed a DynamicCache.*"

@@ -901,7 +901,7 @@ def test_heuristic_schedule_is_kept_per_target_and_rule_and_not_shared_by_a_conc
 def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
     """Nothing drafted after an EOS is used, and a per-token policy syncs per token anyway, so its round stops there;
     a fixed budget drafts on (checking would cost it a sync per token)."""
-    from conftest import VOCAB, tiny_llama
+    from conftest import VOCAB, batch_of, tiny_llama
     from transformers import LogitsProcessorList
 
     from hf_semspec.drafting import ModelDrafter
@@ -912,7 +912,7 @@ def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
         return ModelDrafter(draft, LogitsProcessorList(), do_sample=False, return_probs=False,
                             output_device=torch.device("cpu"), vocab_size=VOCAB, stop_token_ids=stop_token_ids)
 
-    tokens = drafter().draft(ids, None, 8).sequence[0, 8:].tolist()
+    tokens = drafter().draft(batch_of(ids), 8).tokens[0].tolist()
     eos_at = next(i for i in range(1, 7) if tokens[i] not in tokens[:i])  # its first occurrence, mid-draft
     options = {"threshold": 1e9} if policy_name == "svip" else {"num_tokens": 8}  # svip: never stops on entropy
     policy = POLICIES.build(policy_name, options)
@@ -920,7 +920,7 @@ def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
     if policy.decides_per_token:
         original = policy.keep_drafting
         policy.keep_drafting = lambda n, q: (asked.append(n), original(n, q))[1]
-    drafted = drafter(frozenset({tokens[eos_at]})).draft(ids, None, 8, policy).sequence[0, 8:].tolist()
+    drafted = drafter(frozenset({tokens[eos_at]})).draft(batch_of(ids), 8, policy).tokens[0].tolist()
     assert drafted == (tokens[: eos_at + 1] if stops_at_eos else tokens)
     # The policy decides before the EOS is read, so that read waits for nothing: it is asked about the EOS too.
     assert asked == (list(range(1, eos_at + 2)) if stops_at_eos else [])

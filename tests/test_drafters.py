@@ -12,7 +12,7 @@ import shutil
 
 import pytest
 import torch
-from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama
+from conftest import EOS, VOCAB, batch_of, perturbed_copy, prompt, tiny_llama
 from huggingface_hub import ModelCard
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
@@ -365,7 +365,7 @@ def test_rdk_samples_and_drafts_pruned_tokens(attached, draft_model, tokenizer):
         model_drafter = ModelDrafter(drafter, LogitsProcessorList([TemperatureLogitsWarper(1.0)]), do_sample=True,
                                      return_probs=True, output_device=torch.device("cpu"), vocab_size=VOCAB,
                                      redistribute=True)
-        drafted += model_drafter.draft(prompt(8, seed=seed), None, 8).sequence[0, 8:].tolist()
+        drafted += model_drafter.draft(batch_of(prompt(8, seed=seed)), 8).tokens[0].tolist()
     assert set(drafted) - kept  # out-of-vocabulary drafts happen
 
 

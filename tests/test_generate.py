@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama, tiny_tokenizer
+from conftest import EOS, VOCAB, batch_of, perturbed_copy, prompt, tiny_llama, tiny_tokenizer
 from transformers import (
     DynamicCache,
     GenerationConfig,
@@ -336,14 +336,14 @@ def test_a_streamer_is_ended_when_the_loop_refuses_an_option(attached, close_dra
     from transformers import TextIteratorStreamer
 
     recorder = Recorder()
-    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
+    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'offloaded'"):
         attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
-                          cache_implementation="static", streamer=recorder)
+                          cache_implementation="offloaded", streamer=recorder)
     assert recorder.chunks == [prompt(8)[0].tolist()] and recorder.ended
     iterator = TextIteratorStreamer(tiny_tokenizer(), skip_prompt=True, timeout=5)
-    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'"):
+    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'offloaded'"):
         attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=4,
-                          cache_implementation="static", streamer=iterator)
+                          cache_implementation="offloaded", streamer=iterator)
     assert "".join(iterator) == ""  # ends at once instead of raising queue.Empty after the timeout
 
 
@@ -614,10 +614,13 @@ def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():
     config = model.config
     drafter = ModelDrafter(model, LogitsProcessorList(), do_sample=False, return_probs=False,
                            output_device=torch.device("cpu"), vocab_size=VOCAB)
-    sequence = prompt(10)
+    batch = batch_of(prompt(10))
     for _ in range(5):  # every draft accepted: the rollback removes nothing
-        sequence = drafter.draft(sequence, None, 4).sequence
-        drafter.rollback(sequence.shape[1] - 1)
+        batch.reserve(batch.num_slots + 5)
+        batch.reserve_tokens(batch.lengths[0] + 5)
+        block = drafter.draft(batch, 4)
+        batch.commit(torch.tensor([4]), block.tokens[:, -1], accepted=[4], kept=[5])
+        drafter.rewind(batch.num_slots - 1)
     assert [layer.keys.shape[-2] for layer in drafter.cache.layers] == [config.sliding_window - 1] * 2
 
 

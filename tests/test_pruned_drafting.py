@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import VOCAB, nearest_neighbour_kernel, prompt
+from conftest import VOCAB, batch_of, nearest_neighbour_kernel, prompt
 from test_exact_rule import chi_square_p_value
 from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
@@ -53,8 +53,8 @@ def test_redistribute_leaves_mass_a_processor_put_on_a_pruned_id(close_draft, ke
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_pruned_drafter_only_proposes_kept_tokens(pruned_draft, kept_ids, do_sample):
     torch.manual_seed(0)
-    block = drafter_for(pruned_draft, do_sample).draft(prompt(8), None, 12)
-    drafts = block.sequence[0, 8:]
+    block = drafter_for(pruned_draft, do_sample).draft(batch_of(prompt(8)), 12)
+    drafts = block.tokens[0]
     assert set(drafts.tolist()) <= set(kept_ids.tolist())
     pruned = torch.ones(VOCAB, dtype=torch.bool)
     pruned[kept_ids] = False
@@ -68,7 +68,7 @@ def test_greedy_fast_path_matches_full_vocabulary_path(pruned_draft):
     fast.return_probs = False  # no q needed: argmax over kept logits, mapped to target ids
     full = drafter_for(pruned_draft, do_sample=False)
     ids = prompt(8)
-    assert torch.equal(fast.draft(ids, None, 10).sequence, full.draft(ids, None, 10).sequence)
+    assert torch.equal(fast.draft(batch_of(ids), 10).tokens, full.draft(batch_of(ids), 10).tokens)
 
 
 def test_rdk_drafter_proposes_pruned_tokens_and_returns_r(rdk_draft, kept_ids):
@@ -78,10 +78,10 @@ def test_rdk_drafter_proposes_pruned_tokens_and_returns_r(rdk_draft, kept_ids):
     def fresh():  # a drafter's cache follows one sequence
         return drafter_for(rdk_draft, do_sample=True, redistribute_=True, processors=processors)
 
-    tokens = torch.cat([fresh().draft(prompt(8, seed=s), None, 10).sequence[0, 8:] for s in range(6)])
+    tokens = torch.cat([fresh().draft(batch_of(prompt(8, seed=s)), 10).tokens[0] for s in range(6)])
     assert not set(tokens.tolist()) <= set(kept_ids.tolist())  # out-of-vocabulary drafts happen
-    block = fresh().draft(prompt(8), None, 4)
-    assert (block.probs.gather(-1, block.sequence[:, 8:, None]) > 0).all()  # drawn from r, so r(x̂) > 0
+    block = fresh().draft(batch_of(prompt(8)), 4)
+    assert (block.probs.gather(-1, block.tokens[..., None]) > 0).all()  # drawn from r, so r(x̂) > 0
     torch.testing.assert_close(block.probs.sum(-1), torch.ones(1, 4))
 
 
@@ -146,5 +146,5 @@ def test_sampling_when_the_processors_allow_no_kept_token(attached, pruned_draft
     assert not set(out.sequences[0, 8:].tolist()) & set(suppressed)
     assert out.acceptance_stats.num_drafted > 0
     processors = LogitsProcessorList([SuppressTokensLogitsProcessor(suppressed)])
-    block = drafter_for(pruned_draft, True, processors=processors).draft(prompt(8), None, 3)
+    block = drafter_for(pruned_draft, True, processors=processors).draft(batch_of(prompt(8)), 3)
     torch.testing.assert_close(block.probs[0, :, kept_ids], torch.full((3, len(kept_ids)), 1 / len(kept_ids)))

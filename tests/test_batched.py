@@ -1,0 +1,191 @@
+"""Batched speculative decoding: several prompts, left-padded, in one `generate()` call.
+
+Rows accept different numbers of drafts each round; the rejected drafts of a row stay in the caches as masked holes
+(hf_semspec/batch.py), so every row decodes as it would alone.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama
+from test_exact_rule import chi_square_p_value
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+import hf_semspec
+
+PAD = 0
+LENGTHS = [5, 9, 7]
+POLICIES = ["constant", "heuristic", "svip", "adaedl", "cost_aware", "best_constant", "tapout"]
+
+
+def left_padded(lengths=LENGTHS, seed=0):
+    """Prompts of `lengths` tokens, left-padded with PAD, and their attention mask."""
+    rows = [prompt(n, seed=seed + i)[0] for i, n in enumerate(lengths)]
+    width = max(lengths)
+    ids = torch.full((len(rows), width), PAD, dtype=torch.long)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = row
+        mask[i, width - len(row):] = 1
+    return rows, ids, mask
+
+
+def alone(model, row, **kwargs):
+    """The new tokens of plain batch-1 greedy decoding of one prompt."""
+    return type(model).generate(model, row[None], do_sample=False, **kwargs)[0, len(row):]
+
+
+def new_tokens(out_row, width):
+    """A batched output row's new tokens, without the right padding."""
+    tokens = out_row[width:].tolist()
+    while tokens and tokens[-1] == PAD:
+        tokens.pop()
+    return tokens
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_each_row_equals_its_prompt_decoded_alone(attached, close_draft, policy):
+    rows, ids, mask = left_padded()
+    out = attached.generate(ids, attention_mask=mask, assistant_model=close_draft, acceptance="exact",
+                            draft_length=policy, max_new_tokens=24, pad_token_id=PAD, eos_token_id=None,
+                            return_dict_in_generate=True)
+    width = ids.shape[1]
+    for i, row in enumerate(rows):
+        assert out.sequences[i, width:].tolist() == alone(attached, row, max_new_tokens=24, eos_token_id=None).tolist()
+    per_row = out.acceptance_stats_per_row
+    assert [s.num_new_tokens for s in per_row] == [24] * len(rows)
+    total = out.acceptance_stats
+    assert total.num_new_tokens == sum(s.num_new_tokens for s in per_row)
+    assert total.num_accepted == sum(s.num_accepted for s in per_row)
+    assert total.num_target_forwards == max(s.num_target_forwards for s in per_row)
+
+
+def test_rows_that_accept_different_counts_leave_holes_and_still_decode_alone(target):
+    """One row's prompt makes the draft agree, another's not: the rounds accept different counts per row, which
+    leaves rejected drafts in the caches (masked), and each row still equals its own greedy decoding."""
+    draft = perturbed_copy(target, scale=0.6, seed=5)
+    hf_semspec.attach(target)
+    rows, ids, mask = left_padded([6, 6, 8, 4], seed=3)
+    out = target.generate(ids, attention_mask=mask, assistant_model=draft, acceptance="exact", num_assistant_tokens=5,
+                          max_new_tokens=30, pad_token_id=PAD, eos_token_id=None, return_dict_in_generate=True)
+    rounds = [s.accepted_per_round for s in out.acceptance_stats_per_row]
+    assert any(len(set(per_round)) > 1 for per_round in zip(*rounds))  # some round's rows accepted differently
+    for i, row in enumerate(rows):
+        assert out.sequences[i, ids.shape[1]:].tolist() == alone(target, row, max_new_tokens=30,
+                                                                 eos_token_id=None).tolist()
+    hf_semspec.detach(target)
+
+
+def test_rows_that_end_early_are_padded_and_stop_costing(attached):
+    """An EOS ends its row mid-round: the row is padded after it, leaves the batch (no more drafts for it), and the
+    others go on."""
+    rows, ids, mask = left_padded()
+    width = ids.shape[1]
+    reference = [alone(attached, row, max_new_tokens=24, eos_token_id=None).tolist() for row in rows]
+    eos = reference[1][6]  # row 1's 7th new token; rows 0 and 2 may or may not meet it
+    out = attached.generate(ids, attention_mask=mask, assistant_model=attached, acceptance="exact",
+                            num_assistant_tokens=4, max_new_tokens=24, pad_token_id=PAD, eos_token_id=eos,
+                            return_dict_in_generate=True)
+    for i, row in enumerate(rows):
+        expected = alone(attached, row, max_new_tokens=24, eos_token_id=eos).tolist()
+        assert new_tokens(out.sequences[i], width) == expected
+        assert out.acceptance_stats_per_row[i].num_new_tokens == len(expected)
+    assert out.sequences[1, width + 7:].eq(PAD).all() and out.sequences.shape[1] > width + 7
+    per_row = out.acceptance_stats_per_row
+    assert per_row[1].num_target_forwards < max(s.num_target_forwards for s in per_row)
+
+
+def test_processors_that_read_the_prefix_see_each_row_s_own(attached, close_draft):
+    rows, ids, mask = left_padded()
+    options = dict(max_new_tokens=20, repetition_penalty=1.3, no_repeat_ngram_size=2, min_new_tokens=12,
+                   eos_token_id=EOS)
+    out = attached.generate(ids, attention_mask=mask, assistant_model=close_draft, acceptance="exact",
+                            pad_token_id=PAD, **options)
+    for i, row in enumerate(rows):
+        assert new_tokens(out[i], ids.shape[1]) == alone(attached, row, **options).tolist()
+
+
+class LastTokenIs(StoppingCriteria):
+    def __init__(self, token):
+        self.token = token
+
+    def __call__(self, input_ids, scores, **kwargs):
+        return input_ids[:, -1] == self.token
+
+
+def test_a_stopping_criterion_ends_each_row_where_it_fires(attached, close_draft):
+    rows, ids, mask = left_padded()
+    stop = alone(attached, rows[2], max_new_tokens=20, eos_token_id=None)[4].item()
+    criteria = StoppingCriteriaList([LastTokenIs(stop)])
+    out = attached.generate(ids, attention_mask=mask, assistant_model=close_draft, acceptance="exact",
+                            max_new_tokens=20, pad_token_id=PAD, eos_token_id=None, stopping_criteria=criteria)
+    for i, row in enumerate(rows):
+        expected = type(attached).generate(attached, row[None], do_sample=False, max_new_tokens=20, eos_token_id=None,
+                                           stopping_criteria=StoppingCriteriaList([LastTokenIs(stop)]))
+        assert new_tokens(out[i], ids.shape[1]) == expected[0, len(row):].tolist()
+
+
+@pytest.mark.parametrize("name", hf_semspec.available_rules())
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_every_rule_decodes_a_batch(attached, close_draft, rdk_draft, name, do_sample):
+    rule = hf_semspec.rules.RULES.get(name)
+    if not (rule.supports_sampling if do_sample else rule.supports_greedy):
+        pytest.skip(f"{name} does not define do_sample={do_sample}")
+    rows, ids, mask = left_padded()
+    draft = rdk_draft if rule.redistributes_draft else close_draft
+    torch.manual_seed(0)
+    out = attached.generate(ids, attention_mask=mask, assistant_model=draft, acceptance=name, do_sample=do_sample,
+                            max_new_tokens=16, min_new_tokens=16, pad_token_id=PAD, return_dict_in_generate=True)
+    assert out.sequences.shape == (len(rows), ids.shape[1] + 16)
+    for stats in out.acceptance_stats_per_row:
+        # min_new_tokens: no EOS cuts a round, so each round a row took part in emitted its accepted drafts + 1, but
+        # its last, which max_length may cut (the round's γ is the one of the row with the most room left)
+        assert stats.num_new_tokens == 16
+        *before_last, last = stats.accepted_per_round
+        assert sum(before_last) + len(before_last) < 16 <= sum(before_last) + len(before_last) + last + 1
+        assert sum(stats.accepted_per_position) == stats.num_accepted == sum(stats.accepted_per_round)
+    assert torch.equal(out.sequences[:, : ids.shape[1]], ids)
+
+
+def test_a_pruned_drafter_decodes_a_batch(attached, pruned_draft):
+    rows, ids, mask = left_padded()
+    out = attached.generate(ids, attention_mask=mask, assistant_model=pruned_draft, acceptance="exact",
+                            max_new_tokens=16, pad_token_id=PAD, eos_token_id=None)
+    for i, row in enumerate(rows):
+        assert out[i, ids.shape[1]:].tolist() == alone(attached, row, max_new_tokens=16, eos_token_id=None).tolist()
+
+
+def test_sampled_exact_keeps_each_row_s_distribution():
+    """Two rows sampled together, many times: each row's first three new tokens are distributed as that prompt's
+    plain sampling (chi-square on the first token and on the second given the first's most frequent value)."""
+    target = tiny_llama(seed=0, vocab_size=16)
+    draft = perturbed_copy(target, scale=0.8, seed=4)
+    hf_semspec.attach(target)
+    first, second = prompt(4, seed=0)[0] % 16, prompt(6, seed=1)[0] % 16
+    ids = torch.stack([torch.cat([torch.full((2,), PAD), first]), second])
+    mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1] * 6])
+    runs = 400
+    torch.manual_seed(11)
+    batched = target.generate(ids.repeat(runs, 1), attention_mask=mask.repeat(runs, 1), assistant_model=draft,
+                              acceptance="exact", do_sample=True, temperature=1.5, max_new_tokens=3, min_new_tokens=3,
+                              num_assistant_tokens=3, pad_token_id=PAD)[:, 6:].view(runs, 2, 3)
+    for row, prefix in enumerate((first, second)):
+        with torch.no_grad():
+            p = torch.softmax(target(prefix[None]).logits[0, -1] / 1.5, -1)
+        counts = torch.bincount(batched[:, row, 0], minlength=16)
+        assert chi_square_p_value(counts[p > 0.02], p[p > 0.02] / p[p > 0.02].sum()) > 1e-3
+    hf_semspec.detach(target)
+
+
+def test_a_sliding_window_model_takes_one_prompt_at_a_time(attached):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    draft = MistralForCausalLM(MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=VOCAB, sliding_window=6, eos_token_id=EOS, pad_token_id=PAD,
+    )).eval()
+    _, ids, mask = left_padded()
+    with pytest.raises(hf_semspec.SemSpecConfigError, match=r"batch size\)` = 3.*assistant_model has sliding-window"):
+        attached.generate(ids, attention_mask=mask, assistant_model=draft, acceptance="exact", max_new_tokens=4)

@@ -1,0 +1,158 @@
+"""The static-cache path (`cache_implementation="static"`) and its compiled forwards (`compile_config`).
+
+On a CPU transformers compiles only with `compile_config._compile_all_devices`; the compiled tests use the cheap
+`aot_eager` backend, which runs the traced graphs without generating code (CUDA graphs need a GPU: benchmarks/gpu.py).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import EOS, prompt, tiny_llama
+from transformers import CompileConfig, StaticCache
+
+import hf_semspec
+from hf_semspec import decoding
+from hf_semspec._transformers_compat import CACHE_ARGUMENT
+
+POLICIES = ["constant", "heuristic", "svip", "adaedl", "cost_aware", "best_constant", "tapout"]
+TIMED_POLICIES = ("cost_aware", "best_constant", "tapout")  # their lengths follow the clock
+
+
+def plain_greedy(model, ids, **kwargs):
+    return type(model).generate(model, ids, do_sample=False, **kwargs)
+
+
+def cpu_compile_config() -> CompileConfig:
+    config = CompileConfig(backend="aot_eager", mode=None, fullgraph=True)
+    config._compile_all_devices = True  # transformers' own switch for compiling off a GPU (its tests use it)
+    return config
+
+
+@pytest.mark.parametrize("gamma", range(1, 9))
+def test_greedy_exact_on_static_caches_equals_plain_and_the_dynamic_path(attached, close_draft, gamma):
+    """Every γ: rounds that reject at every position move the static caches' write position back, never a tensor."""
+    ids = prompt(8)
+    kwargs = dict(assistant_model=close_draft, acceptance="exact", num_assistant_tokens=gamma, max_new_tokens=30,
+                  return_dict_in_generate=True)
+    static = attached.generate(ids, cache_implementation="static", **kwargs)
+    dynamic = attached.generate(ids, **kwargs)
+    assert torch.equal(static.sequences, plain_greedy(attached, ids, max_new_tokens=30))
+    assert torch.equal(static.sequences, dynamic.sequences)
+    assert static.acceptance_stats == dynamic.acceptance_stats
+    assert 0 < static.acceptance_stats.num_accepted < static.acceptance_stats.num_drafted  # rejections happened
+    cache = getattr(static, CACHE_ARGUMENT)
+    assert isinstance(cache, StaticCache)
+    assert int(cache.get_seq_length()) == static.sequences.shape[1] - 1  # ends where the output does, less its last
+
+
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 13])
+def test_max_length_mid_round_on_static_caches(attached, close_draft, max_new_tokens):
+    ids = prompt(8)
+    out = attached.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=6,
+                            max_new_tokens=max_new_tokens, cache_implementation="static")
+    assert torch.equal(out, plain_greedy(attached, ids, max_new_tokens=max_new_tokens))
+
+
+def test_eos_mid_round_on_static_caches(attached, target):
+    ids = prompt(8)
+    reference = plain_greedy(attached, ids, max_new_tokens=30, eos_token_id=None)
+    eos = int(reference[0, 8 + 9])  # the 10th new token: inside a round of the draft = target (γ = 6, all accepted)
+    out = attached.generate(ids, assistant_model=target, acceptance="exact", num_assistant_tokens=6,
+                            max_new_tokens=30, eos_token_id=eos, cache_implementation="static")
+    assert torch.equal(out, plain_greedy(attached, ids, max_new_tokens=30, eos_token_id=eos))
+    assert out[0, -1] == eos and out.shape[1] <= 8 + 10
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("name", hf_semspec.available_rules())
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_every_rule_and_policy_decode_the_same_on_static_and_dynamic_caches(
+    attached, close_draft, rdk_draft, name, policy, do_sample
+):
+    """Same drafts, same verification, same draws from the RNG: the cache is all that differs. (Policies that time
+    their rounds may pick other lengths on another run, which changes the text of a relaxed rule and of sampling:
+    they are compared on greedy `exact`, whose text does not depend on the lengths.)"""
+    rule = hf_semspec.rules.RULES.get(name)
+    if not (rule.supports_sampling if do_sample else rule.supports_greedy):
+        pytest.skip(f"{name} does not define do_sample={do_sample}")
+    if policy in TIMED_POLICIES and (name != "exact" or do_sample):
+        pytest.skip("a timed policy's lengths vary from run to run, and so does the text, but greedy exact's")
+    draft = rdk_draft if rule.redistributes_draft else close_draft
+    kwargs = dict(assistant_model=draft, acceptance=name, draft_length=policy, do_sample=do_sample,
+                  max_new_tokens=20, return_dict_in_generate=True)
+    outputs = []
+    for cache_implementation in ("static", "dynamic"):
+        hf_semspec.forget_draft_length_state()
+        torch.manual_seed(0)
+        outputs.append(attached.generate(prompt(8), cache_implementation=cache_implementation, **kwargs))
+    static, dynamic = outputs
+    assert torch.equal(static.sequences, dynamic.sequences)
+    if policy not in TIMED_POLICIES:
+        assert static.acceptance_stats == dynamic.acceptance_stats
+
+
+class CountingCalls:
+    """Wraps a callable and counts its calls."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        return self.inner(*args, **kwargs)
+
+
+def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft):
+    """With a compile_config the draft's steps and the target's verify forwards run compiled (all but the first of
+    each model, which prefills the prompt), and greedy `exact` still equals plain greedy decoding."""
+    target = tiny_llama(seed=0)  # its own compiled forward, not shared with other tests' models
+    hf_semspec.attach(target)
+    compiled = {}
+    real = decoding.compiled_forward
+
+    def counting(model, config):
+        compiled[model] = CountingCalls(real(model, config))
+        return compiled[model]
+
+    monkeypatch.setattr(decoding, "compiled_forward", counting)
+    ids = prompt(8)
+    out = target.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=4,
+                          max_new_tokens=24, cache_implementation="static", compile_config=cpu_compile_config(),
+                          return_dict_in_generate=True)
+    assert torch.equal(out.sequences, plain_greedy(target, ids, max_new_tokens=24))
+    stats = out.acceptance_stats
+    assert compiled[target].calls == stats.num_target_forwards - 1
+    assert compiled[close_draft].calls == stats.num_drafted - 1
+
+
+def test_compiled_sampling_draws_as_the_eager_path(close_draft):
+    target = tiny_llama(seed=0)
+    hf_semspec.attach(target)
+    outputs = []
+    for extra in ({"compile_config": cpu_compile_config()}, {}):
+        torch.manual_seed(3)
+        outputs.append(target.generate(prompt(8), assistant_model=close_draft, acceptance="exact", do_sample=True,
+                                       temperature=0.8, top_k=20, num_assistant_tokens=4, max_new_tokens=16,
+                                       cache_implementation="static", **extra))
+    assert torch.equal(*outputs)
+
+
+def test_no_compiled_forward_without_a_compile_switch(monkeypatch, attached, close_draft):
+    """On a CPU, as in transformers' own `generate()`, a static cache alone compiles nothing."""
+    monkeypatch.setattr(decoding, "compiled_forward", lambda *a: pytest.fail("compiled on a CPU without the switch"))
+    attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=8,
+                      cache_implementation="static")
+
+
+def test_a_sliding_window_model_is_refused_with_static_caches(attached):
+    from transformers import MistralConfig, MistralForCausalLM
+
+    torch.manual_seed(0)
+    draft = MistralForCausalLM(MistralConfig(
+        hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        vocab_size=attached.config.vocab_size, sliding_window=6, eos_token_id=EOS, pad_token_id=0,
+    )).eval()
+    with pytest.raises(hf_semspec.SemSpecConfigError, match=r"draft without sliding-window layers.*'dynamic'"):
+        attached.generate(prompt(8), assistant_model=draft, acceptance="exact", max_new_tokens=4,
+                          cache_implementation="static")

@@ -1,0 +1,76 @@
+"""benchmarks/gpu.py, run end to end on tiny random models on the CPU (compiled with the cheap `aot_eager` backend):
+what a GPU session runs, so that it works the first time a GPU is lent."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
+    sys.path.insert(0, str(REPO_ROOT))
+
+from benchmarks import gpu  # noqa: E402
+
+GAMMA = 3
+
+
+@pytest.fixture(scope="module")
+def smoke_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu")
+    results = gpu.main([
+        "--target", "tiny", "--draft", "tiny", "--device", "cpu", "--dtype", "float32", "--compile-backend",
+        "aot_eager", "--compile-mode", "none", "--new-tokens", "12", "--prompt-length", "8", "--repeats", "1",
+        "--gamma", str(GAMMA), "--gammas", "1,3,4", "--compiled-gammas", "1,4", "--batch-sizes", "2",
+        "--batch-new-tokens", "6", "--rules", "exact,fly", "--output-dir", str(out), "--name", "smoke",
+    ])
+    return results, out
+
+
+def test_every_section_is_written(smoke_run):
+    results, out = smoke_run
+    saved = json.loads((out / "smoke.json").read_text())
+    assert set(saved) >= {"setup", "machine", "costs", "live", "modeled", "batched"}
+    text = (out / "smoke.md").read_text()
+    for heading in ("## Costs (ms)", "## Live, batch 1", "## Modeled at the reference pair's acceptance: spec-bench",
+                    "## Batched"):
+        assert heading in text
+    assert set(results["costs"]["verification"]) == {"exact", "fly"}
+    assert sorted(results["costs"]["verify_eager"]) == [1, 3, 4] and sorted(results["costs"]["verify_compiled"]) == [1, 4]
+
+
+def test_the_live_runs_cover_every_method(smoke_run):
+    results, _ = smoke_run
+    seen = {(r["method"], r["rule"], r["compiled"], r.get("draft")) for r in results["live"]}
+    assert {("plain", None, False, None), ("plain", None, True, None), ("stock", None, False, "target's weights")} <= seen
+    for rule in ("exact", "fly"):
+        for compiled in (False, True):
+            assert ("semspec", rule, compiled, "target's weights") in seen
+    for record in results["live"]:
+        if record.get("draft") == "target's weights" and record["method"] == "semspec":
+            # the target drafting for itself: (nearly) every draft accepted, so a round makes about γ + 1 tokens
+            assert record["tau"] > GAMMA
+
+
+def test_the_modeled_speed_prices_the_measured_costs_at_the_reference_acceptance(smoke_run):
+    results, _ = smoke_run
+    costs = results["costs"]
+    reference = json.loads(gpu.DEFAULT_ACCEPTANCE.read_text())["sets"]["gsm8k"]["per_position_acceptance"]
+    entry = results["modeled"]["gsm8k"]
+    overhead = max(next(r["overhead_ms"] for r in results["live"] if r.get("rule") == "exact"
+                        and not r["compiled"] and r.get("draft") == "target's weights"), 0.0)
+    gamma = 4
+    round_ms = gamma * costs["draft_step_eager"] + costs["verify_eager"][4] + costs["verification"]["exact"] + overhead
+    assert entry["eager"][gamma] == pytest.approx((1 + sum(reference[:gamma])) * 1e3 / round_ms)
+    best = entry["best_eager"]
+    assert best["tokens_per_s"] == max(entry["eager"].values())
+
+
+def test_interpolated_costs():
+    costs = {1: 2.0, 5: 4.0}
+    assert gpu.interpolated(costs, 3) == pytest.approx(3.0)
+    assert gpu.interpolated(costs, 0) == 2.0 and gpu.interpolated(costs, 9) == 4.0
+    assert gpu.expected_tokens([0.5, 0.25], 2) == 1.75

@@ -50,6 +50,7 @@ from ._transformers_compat import (
 )
 from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy, RoundOutcome
+from .draft_length.base import UNSET_LENGTH_FALLBACK
 from .drafting import ModelDrafter
 from .errors import invalid_value
 from .model_calls import CachedModel, capture_lm_head_input
@@ -296,26 +297,52 @@ def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
 _COMPILED_FORWARDS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def _static_caches(model, assistant_model, target_cache, generation_config, batch_size: int, capture_hidden: bool):
-    """The draft's static cache and the two compiled forwards (or None), for `cache_implementation="static"`.
+def round_budget(wanted: int, room: int, free_slots: int, holes: bool) -> int:
+    """The drafts a round may make: what the policy `wanted`, less than the `room` (tokens) the row with the most
+    left may still add (a round adds up to γ + 1), and within the `free_slots` of static caches. A batch on static
+    caches (`holes`) also keeps a slot for each further round the slowest row may need: a round takes up to γ + 1
+    slots but may give a row a single token, so after this round's γ + 1 slots the slowest row's `room − 1` further
+    tokens may take `room − 1` rounds of one slot each (the verify forward of a round writes the slot before its
+    first draft: the last of them writes the caches' last slot when γ = free_slots − room + 1)."""
+    budget = min(wanted, room - 1, free_slots)
+    if holes:
+        budget = min(budget, free_slots - room + 1)
+    return max(0, budget)
+
+
+def _typical_length(policy: DraftLengthPolicy) -> int:
+    """The length a policy's config names (its fixed, initial or largest γ), at most 16: what a batch's static caches
+    are sized for (longer rounds still fit while room is left, the loop's budget keeps them within it)."""
+    value = getattr(policy.config, policy.length_field, None) if policy.length_field else None
+    return min(value if isinstance(value, int) else UNSET_LENGTH_FALLBACK, 16)
+
+
+def _static_caches(model, assistant_model, target_cache, generation_config, input_ids: torch.LongTensor,
+                   max_length: int, typical_length: int, capture_hidden: bool):
+    """The target's and the draft's static caches and the two compiled forwards (or None), for
+    `cache_implementation="static"`.
+
+    One prompt keeps the cache transformers made (the output's length). A batch needs more slots than tokens: a row
+    that accepted fewer drafts than the best row of a round keeps holes (`DecodingBatch`). Each round takes at most
+    γ + 1 slots and gives every row at least one token, so `width + new_tokens · (γ + 1)` slots, with γ the
+    policy's typical length (`_typical_length`), are room for rounds of that length; the loop's budget keeps longer
+    ones within them, leaving a slot for each token the slowest row may still need.
 
     The forwards are compiled where transformers' `generate()` would compile the target's (`compile_config`,
     `disable_compile`, a GPU or `compile_config._compile_all_devices`; `compiles_forward`), each model judged on its
     own device. A rule that reads the target's hidden states (a forward hook) keeps the target's forward eager."""
-    if batch_size != 1:
-        raise invalid_value(
-            "cache_implementation", "static",
-            "'static' with one prompt (the batched loop keeps rejected drafts in its caches, which a static cache sized "
-            "for the output cannot hold)",
-            "pass cache_implementation='dynamic' for a batch, or call generate() once per prompt",
-        )
     if any(getattr(layer, "is_sliding", False) for layer in target_cache.layers):
         raise invalid_value(
             "cache_implementation", "static",
             "'static' for models without sliding-window layers (a static sliding layer cannot be rolled back)",
             "pass cache_implementation='dynamic'",
         )
-    capacity = target_cache.get_max_length()
+    batch_size, width = input_ids.shape
+    if batch_size == 1:
+        capacity = target_cache.get_max_length()
+    else:
+        capacity = width + (max_length - width) * (typical_length + 1)
+        target_cache = StaticCache(config=model.config, max_cache_len=capacity)
     draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity)
     if any(getattr(layer, "is_sliding", False) for layer in draft_cache.layers):
         raise invalid_value(
@@ -330,7 +357,7 @@ def _static_caches(model, assistant_model, target_cache, generation_config, batc
     compiled_draft = None
     if compiles_forward(assistant_model, draft_cache, generation_config):
         compiled_draft = compiled_forward(assistant_model, compile_config)
-    return capacity, draft_cache, compiled_target, compiled_draft
+    return capacity, target_cache, draft_cache, compiled_target, compiled_draft
 
 
 def speculative_decode(
@@ -411,8 +438,9 @@ def speculative_decode(
     )
     capture_hidden = rule.requires_target_hidden_states
     if static:
-        capacity, draft_cache, compiled_target, compiled_draft = _static_caches(
-            model, assistant_model, target_cache, generation_config, batch_size, capture_hidden
+        capacity, target_cache, draft_cache, compiled_target, compiled_draft = _static_caches(
+            model, assistant_model, target_cache, generation_config, input_ids, max_length,
+            _typical_length(draft_length), capture_hidden,
         )
     else:
         target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
@@ -455,8 +483,8 @@ def speculative_decode(
         # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens, and the
         #    row with the most room left must stay within max_length (and the slots within a static cache); a
         #    per-token policy may stop earlier.
-        budget = max(0, min(draft_length.max_tokens(), batch.room(max_length) - 1,
-                            batch.slot_capacity - batch.num_slots))
+        budget = round_budget(draft_length.max_tokens(), batch.room(max_length),
+                              batch.slot_capacity - batch.num_slots, holes=static and batch_size > 1)
         batch.reserve(batch.num_slots + budget)
         batch.reserve_tokens(max(batch.lengths) + budget + 1)
         draft = drafter.draft(batch, budget, draft_length)

@@ -81,12 +81,6 @@ def test_a_batch_with_a_processor_that_holds_the_whole_batch(no_forward):
                  prefix_allowed_tokens_fn=lambda batch_id, ids: [4, 5])
 
 
-def test_a_static_cache_for_a_batch(no_forward):
-    with pytest.raises(SemSpecConfigError, match=r"`cache_implementation` = 'static'.*with one prompt"):
-        generate(no_forward, acceptance="exact", input_ids=torch.cat([prompt(6), prompt(6, seed=1)]),
-                 cache_implementation="static")
-
-
 def test_num_return_sequences(no_forward):
     with pytest.raises(SemSpecConfigError, match=r"`num_return_sequences` = 2"):
         generate(no_forward, acceptance="exact", num_return_sequences=2, do_sample=True)

@@ -189,3 +189,53 @@ def test_a_sliding_window_model_takes_one_prompt_at_a_time(attached):
     _, ids, mask = left_padded()
     with pytest.raises(hf_semspec.SemSpecConfigError, match=r"batch size\)` = 3.*assistant_model has sliding-window"):
         attached.generate(ids, attention_mask=mask, assistant_model=draft, acceptance="exact", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_batch_on_static_caches_decodes_each_row_as_alone(close_draft, compiled):
+    """Static caches keep the batch's shape: a row that ends stays, masked, until all have; holes fit in the slots
+    sized for the policy's length. Compiled (aot_eager on the CPU): the same."""
+    from test_static_cache import cpu_compile_config
+
+    target = tiny_llama(seed=0)
+    hf_semspec.attach(target)
+    rows, ids, mask = left_padded()
+    reference = [alone(target, row, max_new_tokens=24, eos_token_id=None).tolist() for row in rows]
+    eos = reference[0][5]  # row 0 ends early
+    extra = {"compile_config": cpu_compile_config()} if compiled else {}
+    out = target.generate(ids, attention_mask=mask, assistant_model=close_draft, acceptance="exact",
+                          num_assistant_tokens=4, max_new_tokens=24, pad_token_id=PAD, eos_token_id=eos,
+                          cache_implementation="static", return_dict_in_generate=True, **extra)
+    for i, row in enumerate(rows):
+        assert new_tokens(out.sequences[i], ids.shape[1]) == alone(target, row, max_new_tokens=24,
+                                                                   eos_token_id=eos).tolist()
+    assert out.acceptance_stats_per_row[0].num_target_forwards < out.acceptance_stats.num_target_forwards
+    hf_semspec.detach(target)
+
+
+def test_round_budget_keeps_a_slot_for_every_token_the_slowest_row_may_still_need():
+    from hf_semspec.decoding import round_budget
+
+    assert round_budget(wanted=8, room=5, free_slots=100, holes=False) == 4  # a round adds up to γ + 1 tokens
+    assert round_budget(wanted=8, room=50, free_slots=6, holes=False) == 6  # the caches' free slots
+    # 20 free slots, the slowest row still needs 15 tokens: this round may take γ + 1 = 6 slots, leaving 14 for 14
+    # rounds of one slot each (the row gains at least one token a round)
+    assert round_budget(wanted=8, room=15, free_slots=20, holes=True) == 6
+    assert round_budget(wanted=8, room=15, free_slots=14, holes=True) == 0
+    assert round_budget(wanted=8, room=1, free_slots=1, holes=True) == 0
+
+
+def test_a_batch_on_static_caches_never_writes_past_them(attached, close_draft, monkeypatch):
+    """The budget keeps every round within the slots; one round more than they hold would fail in the cache."""
+    from hf_semspec import decoding
+
+    real = decoding._typical_length
+    monkeypatch.setattr(decoding, "_typical_length", lambda policy: 0)  # slots = tokens: no room for holes
+    rows, ids, mask = left_padded()
+    out = attached.generate(ids, attention_mask=mask, assistant_model=close_draft, acceptance="exact",
+                            num_assistant_tokens=6, max_new_tokens=20, pad_token_id=PAD, eos_token_id=None,
+                            cache_implementation="static", return_dict_in_generate=True)
+    for i, row in enumerate(rows):
+        assert out.sequences[i, ids.shape[1]:].tolist() == alone(attached, row, max_new_tokens=20,
+                                                                 eos_token_id=None).tolist()
+    assert real(hf_semspec.draft_length.POLICIES.build("constant", {"num_tokens": 6})) == 6

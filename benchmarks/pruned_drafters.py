@@ -110,10 +110,10 @@ class DraftTimer:
         timer = self
         original = self._original
 
-        def timed(drafter_self, input_ids, *args, **kwargs):
+        def timed(drafter_self, batch, *args, **kwargs):
             start = time.perf_counter()
-            block = original(drafter_self, input_ids, *args, **kwargs)
-            drafted = block.sequence.shape[1] - input_ids.shape[1]
+            block = original(drafter_self, batch, *args, **kwargs)
+            drafted = block.num_tokens
             if drafted:
                 timer.per_token_s.append((time.perf_counter() - start) / drafted)
             return block

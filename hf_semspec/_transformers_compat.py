@@ -108,10 +108,9 @@ def rewind_cache(cache: Cache, num_tokens: int) -> None:
     write position back, in place (its tensors keep their addresses for CUDA graphs), so the next forward overwrites
     the forgotten positions."""
     if any(isinstance(layer, StaticLayer) for layer in cache.layers):
-        if num_tokens:
-            for layer in cache.layers:
-                if getattr(layer, "is_initialized", False):
-                    layer.cumulative_length.sub_(num_tokens)
+        positions = [layer.cumulative_length for layer in cache.layers if getattr(layer, "is_initialized", False)]
+        if num_tokens and positions:
+            torch._foreach_sub_(positions, num_tokens)  # one launch for every layer's position (torch.optim's kind)
         return
     cache.crop(-num_tokens)
 

@@ -496,7 +496,8 @@ def speculative_decode(
         )
 
         # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
-        processed = processors(batch, target_logits, 0)
+        with record_function("hf_semspec.logits_processors"):
+            processed = processors(batch, target_logits, 0)
 
         # 4. Verify.
         result = rule.verify(

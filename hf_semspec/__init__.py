@@ -1,12 +1,17 @@
 """hf_semspec: speculative decoding for transformers' `generate()` with semantic acceptance rules.
 
     import hf_semspec
-    hf_semspec.attach(target)
+    hf_semspec.attach(target)  # or hf_semspec.enable() for every model of the process
     out = target.generate(**inputs, assistant_model=draft, acceptance="exact")
+
+Importing it puts a guard in front of transformers' `generate()` (hf_semspec/enabling.py): a call that names a rule
+on a model neither attached nor covered by `enable()` raises an error naming the fixes instead of decoding without
+the rule; a call without hf_semspec's fields is untouched.
 """
 
 from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode
 from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy
+from .enabling import disable, enable, install_guard, is_enabled
 from .errors import SemSpecConfigError
 from .generation import (
     attach,
@@ -34,11 +39,16 @@ __all__ = [
     "available_draft_length_policies",
     "available_rules",
     "detach",
+    "disable",
+    "enable",
     "forget_draft_length_state",
     "generate",
+    "is_enabled",
     "register_policy",
     "register_rule",
     "restore_saved_generation_fields",
     "set_default_acceptance",
     "speculative_decode",
 ]
+
+install_guard()

@@ -9,14 +9,16 @@ resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
 `get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`, whose cache
-argument and output field are named by `CACHE_ARGUMENT` (renamed in transformers 5.24).
+argument and output field are named by `CACHE_ARGUMENT` (renamed in transformers 5.24). The one class attribute
+replaced: `GenerationMixin.generate` (`class_generate` / `set_class_generate`), by the guard that `import hf_semspec`
+installs and by `hf_semspec.enable()` (hf_semspec/enabling.py), each of which forwards to what it replaced.
 """
 
 from __future__ import annotations
 
 import transformers
 from packaging.version import Version
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, GenerationMixin
 
 # transformers 5.24 renamed the cache from `past_key_values` to `cache` everywhere the loop meets it: the keyword of
 # `generate()` and of the models' `forward`, the key of the `model_kwargs` that `generate()` hands the decoding loop,
@@ -27,6 +29,16 @@ CACHE_ARGUMENT = "cache" if Version(transformers.__version__).release >= (5, 24)
 # `GenerationConfig.__init__` drops every custom key (such as `acceptance`) from a config dict carrying
 # `"_from_model_config": true`, which `save_pretrained` writes for a config derived from the model config.
 FROM_MODEL_CONFIG_FLAG = "_from_model_config"
+
+
+def class_generate():
+    """`GenerationMixin.generate` as the class holds it now (transformers' own, or what replaced it)."""
+    return GenerationMixin.__dict__["generate"]
+
+
+def set_class_generate(function) -> None:
+    """Replaces `GenerationMixin.generate`, which every model class that does not define its own inherits."""
+    GenerationMixin.generate = function
 
 
 def is_derived_from_model_config(generation_config: GenerationConfig) -> bool:

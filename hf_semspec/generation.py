@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import difflib
@@ -490,6 +492,49 @@ def _generation_config_fields() -> frozenset[str]:
     return frozenset(vars(GenerationConfig()))
 
 
+# True while a call runs in transformers' own `generate()` on hf_semspec's behalf, or on the import-time guard's
+# (stock assisted generation): `generate()` calls made inside it (transformers' calls of the draft's `generate()`,
+# which carry the target's generation config, rule included, and no assistant_model) are stock transformers, not
+# calls a user made. A context variable: each thread (and asyncio task) has its own.
+_STOCK_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_semspec_stock_call", default=False)
+
+
+@contextlib.contextmanager
+def _handing_to_transformers():
+    token = _STOCK_CALL.set(True)
+    try:
+        yield
+    finally:
+        _STOCK_CALL.reset(token)
+
+
+def field_that_needs_hf_semspec(
+    model: torch.nn.Module, generation_config: GenerationConfig | None, assistant_model: Any, kwargs: dict
+) -> str | None:
+    """What in a call of transformers' own `generate()` only hf_semspec reads, as `"field=value"`; None where there is
+    nothing. `kwargs`: the call's other keyword arguments.
+
+    That is one of our fields given with the call (not None: transformers would refuse it as an unused model kwarg),
+    or a rule named by a passed or the model's generation config that `generate()` above would decode with: the
+    model's own default decodes only with an `assistant_model` (without one it stays plain decoding, as documented),
+    and an explicit `acceptance=None` in the call turns any default off."""
+    for field in SEMSPEC_GENERATION_FIELDS:
+        if kwargs.get(field) is not None:
+            return f"{field}={kwargs[field]!r}"
+    if "acceptance" in kwargs:  # acceptance=None: no rule for this call
+        return None
+    passed = getattr(generation_config, "acceptance", None)
+    own = getattr(model.generation_config, "acceptance", None)
+    if passed is not None and (passed, getattr(generation_config, "acceptance_kwargs", None)) != (
+        own, getattr(model.generation_config, "acceptance_kwargs", None)
+    ):
+        return f"generation_config.acceptance={passed!r}"
+    name = passed if passed is not None else own
+    if name is not None and assistant_model is not None:
+        return f"model.generation_config.acceptance={name!r} (with assistant_model)"
+    return None
+
+
 # `generate(acceptance=...)`'s default: an explicit `acceptance=None` turns the model's default rule off for the call,
 # as an explicit None in a transformers call overrides the model's generation config.
 _NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "<not given>"})()
@@ -562,7 +607,9 @@ def generate(
     _check_target(model)
     for where, config in (("generation_config", generation_config), ("model.generation_config", model.generation_config)):
         _check_no_misspelled_field(config, where)
-    stock_generate = type(model).generate  # the class's method, bypassing the instance override made by attach()
+    # The class's method, bypassing the instance override made by attach(); called inside `_handing_to_transformers`,
+    # which the import-time guard and `enable()` read as "stock transformers from here on" (hf_semspec.enabling).
+    stock_generate = type(model).generate
 
     # 1. Which rule, from where.
     rule_off = acceptance is None  # given as None: no rule for this call, whatever the configs say
@@ -607,9 +654,10 @@ def generate(
                 f"pass assistant_model=<draft model>, or drop {field}",
             )
     if rule_name is None or (assistant_model is None and source == "model"):
-        return stock_generate(
-            model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
-        )
+        with _handing_to_transformers():
+            return stock_generate(
+                model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
+            )
     if assistant_model is None:
         raise invalid_value(
             "assistant_model",
@@ -684,7 +732,8 @@ def generate(
             draft_length=policy,
             streamer=streamer,
         )
-        return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
+        with _handing_to_transformers():
+            return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
     except BaseException:
         # transformers streamed the prompt before the loop's own checks ran: a consumer waiting in another thread
         # (`TextIteratorStreamer` without a timeout) would wait forever for an end. The error goes on to the caller.

@@ -173,13 +173,24 @@ def _resolve_num_assistant_tokens(
 def _drafts_own_length(assistant_model) -> int | None:
     """The draft's `generation_config.num_assistant_tokens`, where stock assisted generation reads γ: the length a
     policy whose length is unset starts from, before the rule's default. Not a value the caller gave this call, so it
-    never conflicts with the policy's own options; and transformers' "heuristic" schedule grows it without bound
-    (+2 per fully accepted round, written back to the draft), so it is capped at `MAX_DRAFT_TOKENS` rather than
-    refused."""
+    never conflicts with the policy's own options.
+
+    Checked as the call's is, with an error that says where the value came from: transformers' "heuristic" schedule
+    writes it back to the draft, +2 after each fully accepted round of stock assisted generation and without a cap
+    (449 after four long calls with an agreeing draft), so it can pass the cap without the user having set it.
+    Capping it instead would draft 128 tokens a round without saying so; the call's `num_assistant_tokens` (which
+    wins) or a reset of the draft's value is the user's choice to make."""
     value = python_number(_drafts_setting(assistant_model, "num_assistant_tokens"))
-    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DRAFT_TOKENS:
-        value = MAX_DRAFT_TOKENS
-    return _checked_length("assistant_model.generation_config.num_assistant_tokens", value)
+    field = "assistant_model.generation_config.num_assistant_tokens"
+    grown = (
+        " (transformers' num_assistant_tokens_schedule='heuristic' of the draft raises it by 2 after each fully "
+        "accepted round of stock assisted generation)"
+        if _drafts_setting(assistant_model, "num_assistant_tokens_schedule") == "heuristic" else ""
+    )
+    return _checked_length(
+        field, value, f"pass num_assistant_tokens=<draft tokens per round> with the call (it wins over the draft's "
+        f"own), or reset the draft's: {field} = 20 (transformers' default){grown}",
+    )
 
 
 def _drafts_setting(assistant_model, name: str) -> Any:
@@ -188,15 +199,11 @@ def _drafts_setting(assistant_model, name: str) -> Any:
     return getattr(getattr(assistant_model, "generation_config", None), name, None)
 
 
-def _checked_length(field: str, value: Any) -> int | None:
+def _checked_length(field: str, value: Any, fix: str = "pass e.g. num_assistant_tokens=5, or leave it unset for "
+                                                          "the defaults") -> int | None:
     value = python_number(value)  # numpy's ints too: "4 is not valid: allowed an int" would puzzle
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DRAFT_TOKENS):
-        raise invalid_value(
-            field,
-            value,
-            f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)",
-            "pass e.g. num_assistant_tokens=5, or leave it unset for the defaults",
-        )
+        raise invalid_value(field, value, f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)", fix)
     return value
 
 

@@ -23,3 +23,21 @@ def test_templates_and_custom_generate_are_package_data():
     assert {"pruned_drafter.md", "custom_generate.md"} <= cards
     custom = {p.name for p in (resources.files("hf_semspec") / "custom_generate").iterdir()}
     assert {"generate.py", "requirements.txt"} <= custom
+
+
+def test_the_wheel_holds_the_library_only(tmp_path):
+    # What a library user calls: the package and its data. The models' loader of the examples and benchmarks
+    # (benchmarks/pypi_models.py) and the benchmarks themselves are not in it.
+    import subprocess
+    import sys
+    import zipfile
+
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("hf_semspec-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    modules = {n for n in names if n.endswith(".py")}
+    on_disk = {str(p.relative_to(ROOT)) for p in (ROOT / "hf_semspec").rglob("*.py")}
+    assert "hf_semspec/drafters/same_tokenizer.py" in modules and "hf_semspec/generation.py" in modules
+    assert modules - {n for n in modules if n.startswith("hf_semspec/model_cards/")} == on_disk
+    assert not any("pypi_models" in n or n.startswith(("benchmarks/", "tests/", "examples/")) for n in names)

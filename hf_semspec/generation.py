@@ -235,7 +235,7 @@ _SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heurist
 # Policies built from a name that learn across calls (`DraftLengthPolicy.keeps_state_across_calls`): one per target,
 # draft, rule with its options and policy with its options, so that a call goes on from what the previous ones
 # learned. Why: one call rarely makes enough rounds to learn from. Replayed on the reference pair's `exact` traces
-# (128 tokens a prompt, benchmarks/results/replay-exact-3x128*-per-call.md against *-by-length.md), `tapout` made
+# (128 tokens a prompt, replay-exact-3x128*-per-call.md against *-by-length.md, in git history at ba51d65), `tapout` made
 # 1.04 / 1.03 of the best fixed length when every call started afresh and 1.08 / 1.10 going on across prompts;
 # `cost_aware` 1.06 / 1.06 against 1.09 / 1.11. transformers' "heuristic" schedule carries its length over to the
 # next call too ("heuristic_transient" starts afresh), so its policy is kept the same way (transformers keeps it on
@@ -587,7 +587,7 @@ def generate(
             keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
             the next call with the same models (dtypes and devices), rule, options and decoding mode
             (`forget_draft_length_state()` drops it). With a rule other than `"exact"`, or with sampling, where
-            rounds end changes the text; the README's Draft length section lists the policies whose text repeats.
+            rounds end changes the text; docs/draft-length.md lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
             else from the passed or the target's generation config; default: the draft's generation config's (as

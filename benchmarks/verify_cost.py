@@ -2,7 +2,7 @@
 
     python -m benchmarks.verify_cost                        # k = 0..40, 5 repeats, ~5 min
     python -m benchmarks.verify_cost --cached-tokens 160 --name verify-cost-160   # a cache as long as late rounds'
-    python -m benchmarks.verify_cost --reprice benchmarks/results/draft-length-fly-window-3-per-category.json
+    python -m benchmarks.verify_cost --reprice benchmarks/results/draft-length-every-policy-fly-after-review.json
 
 Why: the draft-length reports price a generation by a line, a·F + b·D (target forwards F, drafted tokens D;
 `metrics.fit_round_costs`). A round drafting k tokens then costs a + b·k. But the target's verify forward over k + 1

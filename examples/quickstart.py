@@ -12,14 +12,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("MKL_CBWR", "AUTO")  # before torch: cheaper multi-token verify forwards on CPUs without bf16
 
 import torch  # noqa: E402
 
 import hf_semspec  # noqa: E402
-from hf_semspec.pypi_models import REFERENCE_PAIR, SMALL_MODEL, load_model  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # run from a checkout: the models' loader lives there
+from benchmarks.pypi_models import REFERENCE_PAIR, SMALL_MODEL, load_model  # noqa: E402
 
 PAIRS = {"qwen": REFERENCE_PAIR, "smollm2": (SMALL_MODEL, SMALL_MODEL)}
 # The rules a plain draft model can run (rdk needs a pruned-vocabulary drafter with a kernel): checked before the

@@ -4,19 +4,22 @@ Tested with the transformers versions declared in setup.cfg. The private state t
 _from_model_config` (below), `GenerationConfig._mask_length` (the length of a passed attention mask that transformers
 dropped for being all ones), the cache layers' `record_past` flag (turned off before the cache is returned, as
 transformers does: it has no public switch), and, to save a model loaded from GGUF, `PreTrainedModel.hf_quantizer` and
-`config.quantization_config`. One private behaviour is mirrored: the order in which `_prepare_generation_config`
+`config.quantization_config`, and `GenerationConfig._get_default_generation_params()` (`transformers_default`). One
+private behaviour is mirrored: the order in which `_prepare_generation_config`
 resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is public:
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
 `get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`, whose cache
-argument and output field are named by `CACHE_ARGUMENT` (renamed in transformers 5.24).
+argument and output field are named by `CACHE_ARGUMENT` (renamed in transformers 5.24). The one class attribute
+replaced: `GenerationMixin.generate` (`class_generate` / `set_class_generate`), by the guard that `import hf_semspec`
+installs and by `hf_semspec.enable()` (hf_semspec/enabling.py), each of which forwards to what it replaced.
 
 The static-cache path adds: `GenerationMixin._valid_auto_compile_criteria` (transformers' own rule for when
 `generate()` compiles the forward: `compile_config`, `disable_compile`, the device, quantizers and offloading), which
 `compiles_forward` asks; a static layer's `cumulative_length` (the next write position, a tensor), which
-`rewind_cache` moves back on transformers 5.23, whose `StaticLayer` has no `crop` yet (5.24 added it, doing the same);
-and `GenerationConfig._pad_token_tensor` (the pad id `generate()` settled on, EOS where none was set), which batched
-outputs are padded with.
+`rewind_cache` moves back on transformers before 5.24, whose `StaticLayer` has no `crop` yet (5.24 added it, doing
+the same); and `GenerationConfig._pad_token_tensor` (the pad id `generate()` settled on, EOS where none was set),
+which batched outputs are padded with.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from __future__ import annotations
 import torch
 import transformers
 from packaging.version import Version
-from transformers import DynamicCache, GenerationConfig
+from transformers import DynamicCache, GenerationConfig, GenerationMixin
 from transformers.cache_utils import Cache, StaticLayer
 
 # transformers 5.24 renamed the cache from `past_key_values` to `cache` everywhere the loop meets it: the keyword of
@@ -36,6 +39,31 @@ CACHE_ARGUMENT = "cache" if Version(transformers.__version__).release >= (5, 24)
 # `GenerationConfig.__init__` drops every custom key (such as `acceptance`) from a config dict carrying
 # `"_from_model_config": true`, which `save_pretrained` writes for a config derived from the model config.
 FROM_MODEL_CONFIG_FLAG = "_from_model_config"
+
+
+def class_generate():
+    """`GenerationMixin.generate` as the class holds it now (transformers' own, or what replaced it)."""
+    return GenerationMixin.__dict__["generate"]
+
+
+def set_class_generate(function) -> None:
+    """Replaces `GenerationMixin.generate`, which every model class that does not define its own inherits."""
+    GenerationMixin.generate = function
+
+
+def transformers_default(generation_config: GenerationConfig | None, name: str):
+    """The value transformers gives `name` where neither the call nor the model sets it, when `generation_config` is
+    one that transformers already prepared (`GenerationMixin._prepare_generation_config` fills every field of
+    `GenerationConfig._get_default_generation_params()`: `assistant_confidence_threshold` 0.4, `num_assistant_tokens`
+    20, ...), as the text-generation pipeline of transformers before 5.24 passes it to `generate()`; None otherwise:
+    for a config with any of those fields unset (one a user built)."""
+    get_defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    defaults = get_defaults() if callable(get_defaults) else {}
+    if generation_config is None or not defaults:
+        return None
+    if any(getattr(generation_config, key, None) is None for key, value in defaults.items() if value is not None):
+        return None
+    return defaults.get(name)
 
 
 def is_derived_from_model_config(generation_config: GenerationConfig) -> bool:

@@ -12,6 +12,7 @@ import copy
 import dataclasses
 import math
 import numbers
+import textwrap
 import types
 import typing
 from dataclasses import dataclass
@@ -127,6 +128,8 @@ class ComponentConfig:
         hints = typing.get_type_hints(cls)
         rows = []
         for f in dataclasses.fields(cls):
+            if f.name.startswith("_"):  # internal state, not an option (RuleConfig's `_memo`)
+                continue
             allowed = f.metadata.get("range") or f.metadata.get("choices")
             rows.append(
                 {
@@ -138,6 +141,23 @@ class ComponentConfig:
                 }
             )
         return rows
+
+    @classmethod
+    def document_options(cls) -> None:
+        """Gives the class docstring an "Args:" section built from the fields' metadata, so that `help(cls)` shows
+        every option, where the class does not write one itself (called when its component registers). A hand-written
+        section is kept: tests/test_registry.py checks that it names every field."""
+        own = cls.__dict__.get("__doc__") or ""
+        if "Args:" in own:
+            return
+        if not own or own.startswith(f"{cls.__name__}("):  # no docstring: the signature dataclass puts there
+            own = f"Options of `{cls.component_name}` (`{cls.argument_name}`)."
+        entries = []
+        for row in cls.field_docs():
+            allowed = f"; allowed {row['allowed']}" if row["allowed"] is not None else ""
+            entry = f"{row['name']} (`{row['type']}`, defaults to {row['default']!r}): {row['help']}{allowed}."
+            entries.append(textwrap.fill(entry, 112, initial_indent=" " * 4, subsequent_indent=" " * 8))
+        cls.__doc__ = own.rstrip() + ("\n\nArgs:\n" + "\n".join(entries) + "\n" if entries else "")
 
     @classmethod
     def from_kwargs(cls, kwargs: dict[str, Any] | None) -> "ComponentConfig":

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import difflib
@@ -19,7 +21,12 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation import StopStringCriteria
 
-from ._transformers_compat import is_derived_from_model_config, mark_as_user_config, resolved_do_sample
+from ._transformers_compat import (
+    is_derived_from_model_config,
+    mark_as_user_config,
+    resolved_do_sample,
+    transformers_default,
+)
 from .component_config import default_of, python_number
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
@@ -148,9 +155,14 @@ _CALL, _PASSED_CONFIG, _MODEL = 0, 1, 2
 
 def _set_in_passed_config(generation_config: GenerationConfig | None, model, name: str) -> Any:
     """A passed `generation_config`'s `name` where the caller set it: None when unset or equal to the model's own (a
-    passed `model.generation_config`, or a copy of it, as evaluation harnesses pass it, asks for nothing)."""
+    passed `model.generation_config`, or a copy of it, as evaluation harnesses pass it, asks for nothing), or, in a
+    config transformers already prepared (as its pipelines before 5.24 pass it), equal to transformers' own default
+    where the model sets none: what `generate()` would use anyway."""
     value = getattr(generation_config, name, None)
-    return None if value == getattr(model.generation_config, name, None) else value
+    own = getattr(model.generation_config, name, None)
+    if value == own or (own is None and value is not None and value == transformers_default(generation_config, name)):
+        return None
+    return value
 
 
 def _resolve_num_assistant_tokens(
@@ -171,13 +183,24 @@ def _resolve_num_assistant_tokens(
 def _drafts_own_length(assistant_model) -> int | None:
     """The draft's `generation_config.num_assistant_tokens`, where stock assisted generation reads γ: the length a
     policy whose length is unset starts from, before the rule's default. Not a value the caller gave this call, so it
-    never conflicts with the policy's own options; and transformers' "heuristic" schedule grows it without bound
-    (+2 per fully accepted round, written back to the draft), so it is capped at `MAX_DRAFT_TOKENS` rather than
-    refused."""
+    never conflicts with the policy's own options.
+
+    Checked as the call's is, with an error that says where the value came from: transformers' "heuristic" schedule
+    writes it back to the draft, +2 after each fully accepted round of stock assisted generation and without a cap
+    (449 after four long calls with an agreeing draft), so it can pass the cap without the user having set it.
+    Capping it instead would draft 128 tokens a round without saying so; the call's `num_assistant_tokens` (which
+    wins) or a reset of the draft's value is the user's choice to make."""
     value = python_number(_drafts_setting(assistant_model, "num_assistant_tokens"))
-    if isinstance(value, int) and not isinstance(value, bool) and value > MAX_DRAFT_TOKENS:
-        value = MAX_DRAFT_TOKENS
-    return _checked_length("assistant_model.generation_config.num_assistant_tokens", value)
+    field = "assistant_model.generation_config.num_assistant_tokens"
+    grown = (
+        " (transformers' num_assistant_tokens_schedule='heuristic' of the draft raises it by 2 after each fully "
+        "accepted round of stock assisted generation)"
+        if _drafts_setting(assistant_model, "num_assistant_tokens_schedule") == "heuristic" else ""
+    )
+    return _checked_length(
+        field, value, f"pass num_assistant_tokens=<draft tokens per round> with the call (it wins over the draft's "
+        f"own), or reset the draft's: {field} = 20 (transformers' default){grown}",
+    )
 
 
 def _drafts_setting(assistant_model, name: str) -> Any:
@@ -186,15 +209,11 @@ def _drafts_setting(assistant_model, name: str) -> Any:
     return getattr(getattr(assistant_model, "generation_config", None), name, None)
 
 
-def _checked_length(field: str, value: Any) -> int | None:
+def _checked_length(field: str, value: Any, fix: str = "pass e.g. num_assistant_tokens=5, or leave it unset for "
+                                                          "the defaults") -> int | None:
     value = python_number(value)  # numpy's ints too: "4 is not valid: allowed an int" would puzzle
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DRAFT_TOKENS):
-        raise invalid_value(
-            field,
-            value,
-            f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)",
-            "pass e.g. num_assistant_tokens=5, or leave it unset for the defaults",
-        )
+        raise invalid_value(field, value, f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)", fix)
     return value
 
 
@@ -226,7 +245,7 @@ _SCHEDULE_POLICIES = {"constant": "constant", "heuristic": "heuristic", "heurist
 # Policies built from a name that learn across calls (`DraftLengthPolicy.keeps_state_across_calls`): one per target,
 # draft, rule with its options and policy with its options, so that a call goes on from what the previous ones
 # learned. Why: one call rarely makes enough rounds to learn from. Replayed on the reference pair's `exact` traces
-# (128 tokens a prompt, benchmarks/results/replay-exact-3x128*-per-call.md against *-by-length.md), `tapout` made
+# (128 tokens a prompt, replay-exact-3x128*-per-call.md against *-by-length.md, in git history at ba51d65), `tapout` made
 # 1.04 / 1.03 of the best fixed length when every call started afresh and 1.08 / 1.10 going on across prompts;
 # `cost_aware` 1.06 / 1.06 against 1.09 / 1.11. transformers' "heuristic" schedule carries its length over to the
 # next call too ("heuristic_transient" starts afresh), so its policy is kept the same way (transformers keeps it on
@@ -490,6 +509,49 @@ def _generation_config_fields() -> frozenset[str]:
     return frozenset(vars(GenerationConfig()))
 
 
+# True while a call runs in transformers' own `generate()` on hf_semspec's behalf, or on the import-time guard's
+# (stock assisted generation): `generate()` calls made inside it (transformers' calls of the draft's `generate()`,
+# which carry the target's generation config, rule included, and no assistant_model) are stock transformers, not
+# calls a user made. A context variable: each thread (and asyncio task) has its own.
+_STOCK_CALL: contextvars.ContextVar[bool] = contextvars.ContextVar("hf_semspec_stock_call", default=False)
+
+
+@contextlib.contextmanager
+def _handing_to_transformers():
+    token = _STOCK_CALL.set(True)
+    try:
+        yield
+    finally:
+        _STOCK_CALL.reset(token)
+
+
+def field_that_needs_hf_semspec(
+    model: torch.nn.Module, generation_config: GenerationConfig | None, assistant_model: Any, kwargs: dict
+) -> str | None:
+    """What in a call of transformers' own `generate()` only hf_semspec reads, as `"field=value"`; None where there is
+    nothing. `kwargs`: the call's other keyword arguments.
+
+    That is one of our fields given with the call (not None: transformers would refuse it as an unused model kwarg),
+    or a rule named by a passed or the model's generation config that `generate()` above would decode with: the
+    model's own default decodes only with an `assistant_model` (without one it stays plain decoding, as documented),
+    and an explicit `acceptance=None` in the call turns any default off."""
+    for field in SEMSPEC_GENERATION_FIELDS:
+        if kwargs.get(field) is not None:
+            return f"{field}={kwargs[field]!r}"
+    if "acceptance" in kwargs:  # acceptance=None: no rule for this call
+        return None
+    passed = getattr(generation_config, "acceptance", None)
+    own = getattr(model.generation_config, "acceptance", None)
+    if passed is not None and (passed, getattr(generation_config, "acceptance_kwargs", None)) != (
+        own, getattr(model.generation_config, "acceptance_kwargs", None)
+    ):
+        return f"generation_config.acceptance={passed!r}"
+    name = passed if passed is not None else own
+    if name is not None and assistant_model is not None:
+        return f"model.generation_config.acceptance={name!r} (with assistant_model)"
+    return None
+
+
 # `generate(acceptance=...)`'s default: an explicit `acceptance=None` turns the model's default rule off for the call,
 # as an explicit None in a transformers call overrides the model's generation config.
 _NOT_GIVEN: Any = type("NotGiven", (), {"__repr__": lambda self: "<not given>"})()
@@ -535,7 +597,7 @@ def generate(
             keeps what it learned across the calls it is passed to. A policy that learns, given by name, is kept for
             the next call with the same models (dtypes and devices), rule, options and decoding mode
             (`forget_draft_length_state()` drops it). With a rule other than `"exact"`, or with sampling, where
-            rounds end changes the text; the README's Draft length section lists the policies whose text repeats.
+            rounds end changes the text; docs/draft-length.md lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
             else from the passed or the target's generation config; default: the draft's generation config's (as
@@ -562,7 +624,9 @@ def generate(
     _check_target(model)
     for where, config in (("generation_config", generation_config), ("model.generation_config", model.generation_config)):
         _check_no_misspelled_field(config, where)
-    stock_generate = type(model).generate  # the class's method, bypassing the instance override made by attach()
+    # The class's method, bypassing the instance override made by attach(); called inside `_handing_to_transformers`,
+    # which the import-time guard and `enable()` read as "stock transformers from here on" (hf_semspec.enabling).
+    stock_generate = type(model).generate
 
     # 1. Which rule, from where.
     rule_off = acceptance is None  # given as None: no rule for this call, whatever the configs say
@@ -607,9 +671,10 @@ def generate(
                 f"pass assistant_model=<draft model>, or drop {field}",
             )
     if rule_name is None or (assistant_model is None and source == "model"):
-        return stock_generate(
-            model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
-        )
+        with _handing_to_transformers():
+            return stock_generate(
+                model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
+            )
     if assistant_model is None:
         raise invalid_value(
             "assistant_model",
@@ -629,7 +694,8 @@ def generate(
     if synced_gpus:
         raise invalid_value("synced_gpus", synced_gpus, "False/None with an acceptance rule", "remove synced_gpus")
     confidence_threshold = _first_set(
-        kwargs.get("assistant_confidence_threshold"), getattr(generation_config, "assistant_confidence_threshold", None)
+        kwargs.get("assistant_confidence_threshold"),
+        _set_in_passed_config(generation_config, model, "assistant_confidence_threshold"),
     )
     if confidence_threshold is not None:
         # transformers reads this stop from the draft model's generation config only and drops a call's value; here
@@ -684,7 +750,8 @@ def generate(
             draft_length=policy,
             streamer=streamer,
         )
-        return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
+        with _handing_to_transformers():
+            return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)
     except BaseException:
         # transformers streamed the prompt before the loop's own checks ran: a consumer waiting in another thread
         # (`TextIteratorStreamer` without a timeout) would wait forever for an end. The error goes on to the caller.

@@ -64,6 +64,7 @@ class Registry(Generic[T]):
                 f"field of {config_class.__qualname__} ({field_names}). Fix: name the field that holds the length, or "
                 "set `length_field = None`."
             )
+        config_class.document_options()  # help(config_class) lists every option
         self._classes[name] = cls
         return cls
 

@@ -1495,29 +1495,6 @@ def test_fly_replay_refuses_what_it_cannot_follow(tmp_path):
         replay.along_outputs(live_file, "semspec:fly/constant:8", pair, tmp_path / "data")
 
 
-def test_window_flips_counts_first_mismatches_with_a_full_window():
-    from benchmarks.window_flips import trials_and_kept
-    from hf_semspec.draft_length import RoundOutcome
-
-    rounds = [
-        RoundOutcome(16, 16, 1.0, num_matched=16),  # no mismatch: no trial
-        RoundOutcome(16, 12, 1.0, num_matched=2),  # draft 3 failed Δ, 13 drafts after it, kept
-        RoundOutcome(16, 9, 1.0, num_matched=9),  # draft 10 failed, 6 drafts after it (W = 6): a trial, not kept
-        RoundOutcome(16, 10, 1.0, num_matched=10),  # draft 11 failed, only 5 after it: no trial
-    ]
-    assert trials_and_kept(rounds, window=6) == (2, 1)
-    assert trials_and_kept(rounds, window=7) == (1, 1)
-
-
-def test_window_flips_shares_of_full_rounds_and_of_drafts_kept_past_a_mismatch():
-    from benchmarks.window_flips import round_shares
-
-    rounds = [{"k": 8, "n": 8, "s": 8}, {"k": 8, "n": 8, "s": 1}, {"k": 8, "n": 2, "s": 2}, {"k": 3, "n": 3, "s": 3}]
-    # 3 of 4 rounds accepted every draft (one of them through the window); 21 accepted, 7 of them past draft 2 of the
-    # second round, which failed Δ; τ = (21 + 4) / 4.
-    assert round_shares(rounds) == {"all_accepted": 0.75, "tau": 6.25, "accepted": 21, "past_mismatch": 7}
-
-
 def test_stock_method_leaves_the_drafts_generation_config_as_it_was():
     # Stock assisted generation reads γ from the draft's generation config, and hf_semspec reads it last too: the
     # stock method's γ must not become the next method's length.

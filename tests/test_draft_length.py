@@ -141,16 +141,28 @@ def test_passing_the_models_own_config_asks_for_no_schedule_or_length(attached, 
         generate(attached, close_draft, generation_config=changed, draft_length="svip")
 
 
-def test_a_drafts_length_grown_by_transformers_heuristic_schedule_is_capped(attached, close_draft, monkeypatch):
+def test_a_drafts_length_above_the_cap_is_an_error_that_says_where_it_came_from(attached, close_draft, monkeypatch):
     # transformers' "heuristic" schedule adds 2 per fully accepted round and writes γ back to the draft, without a
-    # cap: 449 after four long calls with an agreeing draft. Read as a default, it was refused, so every call failed.
+    # cap: 449 after four long calls with an agreeing draft. Capped silently, it drafted 128 tokens a round.
     monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens", 449)
-    grown = attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=200,
-                              return_dict_in_generate=True)
-    capped = attached.generate(prompt(8), assistant_model=close_draft, acceptance="exact", max_new_tokens=200,
-                               return_dict_in_generate=True, num_assistant_tokens=128)
-    assert torch.equal(grown.sequences, capped.sequences)
-    assert grown.acceptance_stats.drafted_per_round == capped.acceptance_stats.drafted_per_round
+    monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens_schedule", "heuristic")
+    call = dict(assistant_model=close_draft, acceptance="exact", max_new_tokens=12, return_dict_in_generate=True)
+    with pytest.raises(SemSpecConfigError, match=(
+        r"`assistant_model\.generation_config\.num_assistant_tokens` = 449 is not valid: allowed an int in \[1, 128\]"
+        r".*Fix: pass num_assistant_tokens=<draft tokens per round> with the call .*reset the draft's: "
+        r"assistant_model\.generation_config\.num_assistant_tokens = 20 .*'heuristic' of the draft raises it by 2")):
+        attached.generate(prompt(8), **call)
+    for draft_length in ("constant", "tapout"):  # whichever policy starts from it
+        with pytest.raises(SemSpecConfigError, match=r"num_assistant_tokens` = 449"):
+            attached.generate(prompt(8), draft_length=draft_length, **call)
+    # The call's length wins, and the draft's is not read; reset, the draft's value is γ again.
+    assert attached.generate(prompt(8), num_assistant_tokens=4, **call).acceptance_stats.drafted_per_round[0] == 4
+    close_draft.generation_config.num_assistant_tokens = 6
+    monkeypatch.setattr(close_draft.generation_config, "num_assistant_tokens_schedule", "constant")
+    assert attached.generate(prompt(8), **call).acceptance_stats.drafted_per_round[0] == 6
+    close_draft.generation_config.num_assistant_tokens = 129  # set by hand: the message leaves the schedule out
+    with pytest.raises(SemSpecConfigError, match=r"= 129 .*\(transformers' default\)$"):
+        attached.generate(prompt(8), **call)
 
 
 def test_default_length_is_the_rules(attached, close_draft):

@@ -143,3 +143,27 @@ def test_a_default_factory_is_shown_as_its_value():
     assert _ListOptionConfig.field_docs()[0]["default"] == [1, 2]
     with pytest.raises(SemSpecConfigError, match=r"Fix: pass e.g. acceptance_kwargs=\{'ids': \[1, 2\]\} \(the default\)"):
         _ListOptionConfig.from_kwargs({"ids": "x"})
+
+
+def _components():
+    from hf_semspec.draft_length import POLICIES
+
+    return [RULES.get(name) for name in RULES.names()] + [POLICIES.get(name) for name in POLICIES.names()]
+
+
+@pytest.mark.parametrize("component", _components(), ids=lambda c: f"{c.config_class.argument_name}:{c.name}")
+def test_help_of_every_registered_config_shows_each_option(component):
+    import pydoc
+    import re
+
+    config_class = component.config_class
+    shown = pydoc.render_doc(config_class, renderer=pydoc.plaintext)
+    args = shown.split("Args:", 1)[1] if "Args:" in shown else ""
+    for row in config_class.field_docs():
+        assert row["help"], f"{config_class.__name__}.{row['name']} has no metadata help"
+        assert re.search(rf"\n \|\s+{row['name']} \(`", args), f"help({config_class.__name__}) does not show {row['name']}"
+
+
+def test_a_registered_config_without_args_gets_them_from_the_metadata(toy_registered):
+    assert "Args:\n    threshold (`float`, defaults to 0.5): a probability; allowed [0, 1].\n" in _ToyConfig.__doc__
+    assert "    mode (`str`, defaults to 'a'): variant; allowed ['a', 'b'].\n" in _ToyConfig.__doc__

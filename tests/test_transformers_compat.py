@@ -11,7 +11,7 @@ import json
 
 import torch
 import transformers
-from conftest import tiny_llama
+from conftest import prompt, tiny_llama
 from packaging.version import Version
 from transformers import GenerationConfig, GenerationMixin
 from transformers.cache_utils import DynamicCache
@@ -22,7 +22,29 @@ from hf_semspec import _transformers_compat as compat
 
 
 def test_version_is_in_the_declared_range():
-    assert Version("5.23") <= Version(transformers.__version__) < Version("5.25")
+    from packaging.specifiers import SpecifierSet
+
+    from hf_semspec._versions import SUPPORTED
+
+    assert Version(transformers.__version__) in SpecifierSet(SUPPORTED["transformers"])
+
+
+def test_a_config_transformers_prepared_asks_for_nothing_its_defaults_say(attached, close_draft):
+    """transformers' pipelines before 5.24 pass `generate()` a config that `_prepare_generation_config` filled with
+    `GenerationConfig._get_default_generation_params()` (`assistant_confidence_threshold` 0.4, `num_assistant_tokens`
+    20, ...): those are transformers' defaults, not the caller's settings. A config a user built is read as given."""
+    defaults = GenerationConfig._get_default_generation_params()
+    assert defaults["assistant_confidence_threshold"] == 0.4 and defaults["num_assistant_tokens"] == 20
+    prepared = GenerationConfig(**{**defaults, "max_new_tokens": 12, "do_sample": False}, acceptance="exact")
+    assert compat.transformers_default(prepared, "num_assistant_tokens") == 20
+    out = attached.generate(prompt(8), assistant_model=close_draft, generation_config=prepared,
+                            return_dict_in_generate=True)
+    assert out.acceptance_stats.drafted_per_round[0] == 5  # the rule's default, not transformers' 20
+
+    built = GenerationConfig(max_new_tokens=12, acceptance="exact", num_assistant_tokens=20)
+    assert compat.transformers_default(built, "num_assistant_tokens") is None
+    out = attached.generate(prompt(8), assistant_model=close_draft, generation_config=built, return_dict_in_generate=True)
+    assert out.acceptance_stats.drafted_per_round[0] == 11  # γ = 20, cut to leave the target its token of the 12
 
 
 def test_the_cache_is_named_as_the_installed_transformers_names_it():
@@ -84,8 +106,9 @@ def test_a_dequantized_model_without_its_quantizer_saves_and_reloads(tmp_path):
 
 
 def test_an_all_ones_mask_reaches_the_loop_as_its_length_only():
-    """What `passed_mask_length` relies on: transformers drops an all-ones attention mask before the decoding loop and
-    records its length in `generation_config._mask_length`; a mask with padding is handed over."""
+    """What `passed_mask_length` relies on: transformers (5.24; 5.17 hands the mask over) drops an all-ones
+    attention mask before the decoding loop and records its length in `generation_config._mask_length`; a mask with
+    padding is handed over. Either way the loop learns the passed mask's length."""
     model = tiny_llama(seed=0)
     seen = {}
 
@@ -97,7 +120,8 @@ def test_an_all_ones_mask_reaches_the_loop_as_its_length_only():
     ids = torch.tensor([[1, 5, 6, 7]])
     GenerationMixin.generate(model, ids, attention_mask=torch.ones(1, 10, dtype=torch.long), custom_generate=loop,
                              max_new_tokens=2)
-    assert seen == {"mask": None, "length": 10}
+    assert seen["length"] == 10
+    assert seen["mask"] is None or seen["mask"].shape == (1, 10)
     padded = torch.tensor([[0, 1, 1, 1]])
     GenerationMixin.generate(model, ids, attention_mask=padded, custom_generate=loop, max_new_tokens=2)
     assert torch.equal(seen["mask"], padded) and seen["length"] == 4

@@ -49,7 +49,7 @@ in code than in prose on the reference pair. δ_r = 0.8 (about 5 rounds) lets th
 lengths have been timed, t̂(k) = 1 + 0.1·k (in units of t_0); `cost_ratio=` fixes t̂(k) = 1 + ρ·k instead (e.g. from a
 profile) and skips the timing. Before any round R̃ = 1 / t̂(0) (plain decoding's one token per target forward).
 
-Why δ_c = 0.995, not a memory of about one prompt (measured; `benchmarks/draft-length-findings.md`): 0.98 gained a
+Why δ_c = 0.995, not a memory of about one prompt (measured; `docs/draft-length-research.md`): 0.98 gained a
 point or two replayed and in one live `fly` run (1.11 against 1.09 of the best fixed length), but under `tapout` on 20
 held-out prompts it made 1.09 against the default's 1.12, and on a stationary stream it costs about a point. Pass
 `calibration_discount=0.98` for text that changes from prompt to prompt. Calibrations by context and by draft position,
@@ -94,12 +94,12 @@ and prices a round of k drafts by its expected accepted drafts E_k, drafts i ≤
 (a kept mismatch at i comes with the W − 1 matches after it: W accepted drafts, then draft i + W is judged afresh),
 and drafts on while max_{j < m ≤ cap} E_m − E_j − R̃·(t̂(m) − t̂(j)) ≥ 0. With φ = 0, E_m − E_j is the exact rules'
 P_j·(p̄ + … + p̄^(m−j)). φ lumps the gate, the window's W − 1 matches and the kept mismatches after the first;
-measured on the reference pair (`benchmarks/results/fly-window-flips.md`: `fly`, γ = 16, the quick profile's 10
+measured on the reference pair (`fly-window-flips.md` in git history at ba51d65: `fly`, γ = 16, the quick profile's 10
 prompts × 64 tokens) it is small, 13 of 80 first mismatches kept (0.16), from 1 of 19 on the writing prompt to 1 of 2
 on the coding one. Each decision then costs about 41 µs instead of 3 µs (E_m for every m up to the cap), against the
 230 µs of the entropy over the 152k-token vocabulary and a 110 ms draft step.
 
-Why it is off by default (measured; `benchmarks/draft-length-findings.md`). Under `tapout` (φ_0 = 0.5, 30 prompts × 64
+Why it is off by default (measured; `docs/draft-length-research.md`). Under `tapout` (φ_0 = 0.5, 30 prompts × 64
 tokens, ratio to the best fixed length) it gained where `fly`'s flips pay (reasoning 0.97 → 1.07, coding 0.95 → 1.00,
 math 0.97 → 1.00) and lost as much where γ = 3 wins (roleplay 1.10 → 0.96, translation 1.13 → 0.97): 1.07 overall
 against 1.08. φ is one number, learned across prompts of every category, so it cannot follow the category; learned
@@ -112,10 +112,10 @@ p̂ = 0.99, 0.3, 0.95.
     2.818; m = 4 gains 2.818 − 1.287 − 2·0.2·2 = 0.731 ≥ 0 → keep drafting (m = 3 cannot keep draft 2: 2 + W > 3).
     After draft 3: E_3 = 1.584, E_4 = 2.847, gain 0.863 → keep drafting: the round proposes 4 drafts.
 
-Measured (`benchmarks/results/replay-exact-3x128-*`, the reference pair's `exact` traces replayed with the
+Measured (`replay-exact-3x128-*` in git history at ba51d65, the reference pair's `exact` traces replayed with the
 reference CPU's fitted round time): 1.11× the best fixed γ's speed on the 30 prompts it was designed on and 1.13×
 on 29 held-out ones, within 3% of it in 10 and 9 of 10 categories (`svip`: 1.07× and 1.08×); the replay's times
-are linear in k, where both rules decide alike. Live (`benchmarks/results/draft-length-final-cost-table.md`, quick
+are linear in k, where both rules decide alike. Live (`draft-length-final-cost-table.md`, ibid., quick
 profile, 10 prompts × 64 tokens), measured speed-up over the best fixed length's (γ = 3) in the same run: 1.04 with
 `exact` and 1.00 with `fly`, against 0.92 and 0.96 for the one-step rule with the fitted line.
 

@@ -53,7 +53,7 @@ default); the per-token arms keep their own caps (40 for adaedl and svip, 24 for
 `generate()` call also pays the prompt's prefill (`RoundOutcome.includes_prefill`), so with the time-based reward it
 updates the arm but not the bandit.
 
-Defaults (ours, measured; every figure, and the ideas that did not help, in `benchmarks/draft-length-findings.md`):
+Defaults (ours, measured; every figure, and the ideas that did not help, in `docs/draft-length-research.md`):
 - Arms `cost_aware` and `svip`: like the paper's, stopping rules that read the draft's confidence, one of the paper's
   (SVIP) and this package's strongest single policy. The bandit cannot tell arms a few percent apart within one
   benchmark, so every weak arm costs rounds: replayed on the reference pair's `exact` traces (30 / 29 prompts × 128
@@ -82,7 +82,7 @@ a prompt, a fresh bandit per prompt made 1.04 / 1.03 of the best fixed length ag
 prompts (`replay-exact-3x128-per-call.md`, `…-held-out-per-call.md`, against `…-by-length.md`). Pass an instance
 (`draft_length=TapOutPolicy(...)`) to choose what it shares. One instance per kind of request did not pay, even with a
 perfect key: one per Spec-Bench category made 1.06 against 1.09 shared, replayed with `exact`, and 1.10 as shared,
-live with `fly`; 1.07 with `cost_aware` pricing `fly`'s window per category (`benchmarks/draft-length-findings.md`).
+live with `fly`; 1.07 with `cost_aware` pricing `fly`'s window per category (`docs/draft-length-research.md`).
 `arm_values()` shows what it learned.
 
 Worked example (UCB1, three arms played once with rewards 100, 200 and 150 tokens/s): R = 200, t = 3, every N_a = 1,

@@ -552,7 +552,7 @@ def _resolve_folder(
 
 def _base_model_id(model: torch.nn.Module, base_model: str | None) -> str | None:
     """A Hub id for the model card's `base_model`: given, else `name_or_path` when it is a repo id, else the
-    `upstream` of an `hf_semspec.pypi_models` conversion folder."""
+    `upstream` of a `benchmarks/pypi_models.py` conversion folder."""
     if base_model is not None:
         return base_model
     name = str(getattr(model, "name_or_path", "") or "")
@@ -618,7 +618,7 @@ def _check_int(name: str, value: Any, low: int, example: str) -> int:
 
 
 def _check_same_tokenizer(tokenizer: Any, target_tokenizer: Any) -> None:
-    from ..pypi_models import assert_same_tokenizer
+    from .same_tokenizer import assert_same_tokenizer
 
     try:
         assert_same_tokenizer(target_tokenizer, tokenizer, check_chat_template=False)
@@ -731,7 +731,7 @@ def prune_vocabulary(
         rdk_temperature (`float`): τ (default `kernel.DEFAULT_TEMPERATURE`).
         rdk_chunk_elements (`int`): similarities held at once while building the kernel.
         base_model (`str`, *optional*): Hub id of the model that was pruned, for the model card (default: the
-            model's `name_or_path` when it is a repo id, or the upstream id of an `hf_semspec.pypi_models` model).
+            model's `name_or_path` when it is a repo id, or the upstream id of a `benchmarks/pypi_models.py` model).
         license (`str`, *optional*): license of the base model, for the model card (default: read from the base
             model's local README.md when there is one).
 

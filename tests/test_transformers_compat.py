@@ -151,3 +151,59 @@ def test_do_sample_is_resolved_in_generates_order():
                 resolved, _ = model._prepare_generation_config(passed, **kwargs)
                 assert compat.resolved_do_sample(kwargs, passed, model) is bool(resolved.do_sample), (
                     model_default, passed and passed.do_sample, kwargs)
+
+
+def test_the_static_path_s_compile_switch_is_transformers_own():
+    """`compiles_forward` asks `_valid_auto_compile_criteria`: a static cache on a GPU, or anywhere with
+    `compile_config._compile_all_devices`; never a dynamic cache, nor with `disable_compile`."""
+    from transformers import CompileConfig, StaticCache
+
+    model = tiny_llama(seed=0)
+    static = StaticCache(config=model.config, max_cache_len=16)
+    config = GenerationConfig(compile_config=CompileConfig(backend="aot_eager"))
+    assert not compat.compiles_forward(model, static, config)  # a CPU, without the switch
+    config.compile_config._compile_all_devices = True
+    assert compat.compiles_forward(model, static, config)
+    assert not compat.compiles_forward(model, DynamicCache(config=model.config), config)
+    config.disable_compile = True
+    assert not compat.compiles_forward(model, static, config)
+
+
+def test_rewinding_a_static_cache_moves_every_layer_s_write_position():
+    """The next forward after a rewind overwrites the forgotten positions: its logits equal a fresh cache's."""
+    from transformers import StaticCache
+
+    model = tiny_llama(seed=0)
+    ids = torch.arange(4, 14)[None]
+
+    def cache_after(chunks):
+        cache = StaticCache(config=model.config, max_cache_len=16)
+        for chunk in chunks:
+            model(chunk, use_cache=True, **{compat.CACHE_ARGUMENT: cache})
+        return cache
+
+    rewound = cache_after([ids[:, :6], ids[:, 6:10]])  # 10 cached, then forget the last 4
+    compat.rewind_cache(rewound, 4)
+    assert [int(layer.cumulative_length) for layer in rewound.layers] == [6, 6]
+    fresh = cache_after([ids[:, :6]])
+    new = torch.tensor([[50, 51]])
+    positions = torch.arange(6, 8)[None]
+    a = model(new, position_ids=positions, use_cache=True, **{compat.CACHE_ARGUMENT: rewound}).logits
+    b = model(new, position_ids=positions, use_cache=True, **{compat.CACHE_ARGUMENT: fresh}).logits
+    torch.testing.assert_close(a, b)
+
+
+def test_generate_settles_the_pad_id_the_batched_outputs_use():
+    """transformers fills `_pad_token_tensor` (EOS when no pad id is set) before the decoding loop runs."""
+    model = tiny_llama(seed=0, pad_token_id=None)
+    model.generation_config.pad_token_id = None
+    handed = {}
+
+    def recording_loop(model, input_ids, logits_processor, stopping_criteria, generation_config, **model_kwargs):
+        handed["config"] = generation_config
+        return input_ids
+
+    model.generate(torch.ones(1, 3, dtype=torch.long), custom_generate=recording_loop, max_new_tokens=2,
+                   eos_token_id=7)
+    assert compat.pad_token_id(handed["config"]) == 7
+    assert compat.pad_token_id(GenerationConfig(pad_token_id=5)) == 5

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import EOS, VOCAB, perturbed_copy, prompt, tiny_llama
 from test_exact_rule import chi_square_p_value
+from test_static_cache import fresh_compiler  # noqa: F401 (a fixture)
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 import hf_semspec
@@ -192,7 +193,7 @@ def test_a_sliding_window_model_takes_one_prompt_at_a_time(attached):
 
 
 @pytest.mark.parametrize("compiled", [False, True])
-def test_a_batch_on_static_caches_decodes_each_row_as_alone(close_draft, compiled):
+def test_a_batch_on_static_caches_decodes_each_row_as_alone(close_draft, compiled, fresh_compiler):
     """Static caches keep the batch's shape: a row that ends stays, masked, until all have; holes fit in the slots
     sized for the policy's length. Compiled (aot_eager on the CPU): the same."""
     from test_static_cache import cpu_compile_config

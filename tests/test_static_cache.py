@@ -23,6 +23,15 @@ def plain_greedy(model, ids, **kwargs):
     return type(model).generate(model, ids, do_sample=False, **kwargs)
 
 
+@pytest.fixture
+def fresh_compiler():
+    """Compiled forwards of every model share transformers' forward wrapper's code object, whose compiled variants
+    torch caps (`recompile_limit`, 8): the suite builds many tiny models, so each compiled test starts afresh."""
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
 def cpu_compile_config() -> CompileConfig:
     config = CompileConfig(backend="aot_eager", mode=None, fullgraph=True)
     config._compile_all_devices = True  # transformers' own switch for compiling off a GPU (its tests use it)
@@ -103,7 +112,7 @@ class CountingCalls:
         return self.inner(*args, **kwargs)
 
 
-def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft):
+def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fresh_compiler):
     """With a compile_config the draft's steps and the target's verify forwards run compiled (all but the first of
     each model, which prefills the prompt), and greedy `exact` still equals plain greedy decoding."""
     target = tiny_llama(seed=0)  # its own compiled forward, not shared with other tests' models
@@ -126,7 +135,7 @@ def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft):
     assert compiled[close_draft].calls == stats.num_drafted - 1
 
 
-def test_compiled_sampling_draws_as_the_eager_path(close_draft):
+def test_compiled_sampling_draws_as_the_eager_path(close_draft, fresh_compiler):
     target = tiny_llama(seed=0)
     hf_semspec.attach(target)
     outputs = []

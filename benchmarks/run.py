@@ -156,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
                         "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (use with --seed)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="with --sample: the target's generation_config.temperature for every method (default: the "
+                        "model's generation config)")
+    p.add_argument("--top-p", type=_probability, default=None,
+                   help="with --sample: the target's generation_config.top_p for every method (default: the model's)")
     p.add_argument("--seed", type=int, default=0,
                    help="RNG seed, greedy or sampled (dropmatch draws dropout masks in greedy decoding too); prompt i "
                    "uses seed + i for every method")
@@ -380,6 +385,10 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     rules = methods_lib.split_entries(args.rules) if args.rules else None
     methods_lib.check_method_options(rules, args.acceptance_kwargs, draft_lengths, args.num_assistant_tokens)
     per_length_costs = metrics.per_length_costs(args.verify_cost) if args.verify_cost is not None else None
+    for option in ("temperature", "top_p"):
+        if getattr(args, option) is not None and not args.sample:
+            raise ValueError(f"--{option.replace('_', '-')} {getattr(args, option)} without --sample: greedy decoding "
+                             "ignores it. Fix: add --sample, or drop the option.")
     prompts, selection_summary = select_prompts(args, profile)
     if not prompts:
         raise ValueError("no prompts selected: check --limit / --gsm8k / the prompts file")
@@ -395,6 +404,9 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
             args.pruned_drafter, dtype=models.DTYPES[args.draft_dtype], load_tokenizer=False)
         pair.info["pruned_drafter"] = {"path": str(args.pruned_drafter), "keep_size": pair.pruned_draft.num_kept,
                                        "vocab_size": pair.pruned_draft.vocab_size}
+    for option in ("temperature", "top_p"):  # every method reads the target's generation config
+        if getattr(args, option) is not None:
+            setattr(pair.target.generation_config, option, getattr(args, option))
     load_s = time.perf_counter() - load_start
     print(f"Loaded target {pair.target_name} and draft {pair.draft_name} in {load_s:.0f} s", flush=True)
 

@@ -126,3 +126,24 @@ def test_end_to_end_two_slices_make_one_report(tmp_path):
     stored = json.loads((tmp_path / "out" / "fidelity-tiny.json").read_text())
     assert stored["methods"].keys() == report["methods"].keys()
     assert "GSM8K fidelity against `semspec:exact/constant` (greedy)" in (tmp_path / "out" / "fidelity-tiny.md").read_text()
+
+
+def test_sampling_temperature_and_top_p_reach_every_method(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    pairs = []
+
+    def recording_pair(name, **options):
+        pairs.append(tiny_pair(name, **options))
+        return pairs[-1]
+
+    common = ["--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--limit", "0",
+              "--gsm8k-problems", "0:1", "--gsm8k-max-new-tokens", "4", "--threads", "1", "--skip-stock",
+              "--no-profile-breakdown", "--rules", "exact", "--temperature", "0.7", "--top-p", "0.9"]
+    with pytest.raises(ValueError, match=r"--temperature 0.7 without --sample: greedy decoding ignores it"):
+        run.main(common, load_pair=recording_pair)
+    assert not pairs  # refused before loading any model
+    with thread_count_kept():
+        results = run.main(common + ["--sample", "--seed", "3"], load_pair=recording_pair)
+    config = pairs[0].target.generation_config
+    assert (config.temperature, config.top_p) == (0.7, 0.9)
+    assert (results["config"]["temperature"], results["config"]["top_p"]) == (0.7, 0.9)

@@ -407,6 +407,8 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     for option in ("temperature", "top_p"):  # every method reads the target's generation config
         if getattr(args, option) is not None:
             setattr(pair.target.generation_config, option, getattr(args, option))
+            # every call passes do_sample=True; set here too, or transformers warns that the option "may be ignored"
+            pair.target.generation_config.do_sample = True
     load_s = time.perf_counter() - load_start
     print(f"Loaded target {pair.target_name} and draft {pair.draft_name} in {load_s:.0f} s", flush=True)
 

@@ -109,6 +109,22 @@ def load_gsm8k(path: str | Path, count: int, max_new_tokens: int, selection: str
     return gsm8k_prompts(records, indices, max_new_tokens)
 
 
+def parse_slice(text: str) -> tuple[int, int]:
+    """`"0:20"` → (0, 20): problems 0..19. An argparse type; a malformed or empty slice raises naming the form."""
+    start, colon, end = text.partition(":")
+    if not colon or not start.strip().isdigit() or not end.strip().isdigit() or int(start) >= int(end):
+        raise ValueError(f"expected START:END with 0 <= START < END, e.g. 0:20, got {text!r}")
+    return int(start), int(end)
+
+
+def load_gsm8k_slice(path: str | Path, start: int, end: int, max_new_tokens: int) -> list[Prompt]:
+    """GSM8K test problems `start`..`end − 1` in file order (ids `gsm8k:<index>`), for runs in slices."""
+    records = read_jsonl(path)
+    if end > len(records):
+        raise ValueError(f"--gsm8k-problems {start}:{end} but {path} has only {len(records)} problems")
+    return gsm8k_prompts(records, list(range(start, end)), max_new_tokens)
+
+
 def gsm8k_prompts(records: list[dict], indices: list[int], max_new_tokens: int) -> list[Prompt]:
     """The prompts of the GSM8K test `records` (as read from the file) at `indices`, ids `gsm8k:<index>`."""
     return [

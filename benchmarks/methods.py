@@ -160,6 +160,28 @@ def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
     return specs
 
 
+def split_entries(text: str) -> list[str]:
+    """A comma-separated list whose entries may hold `(...)` options with commas of their own (JSON lists)."""
+    return [part.strip() for part in re.split(r",(?![^()]*\))", text) if part.strip()]
+
+
+def parse_rule_entry(entry: str) -> tuple[str, dict]:
+    """`--rules` entry → (rule name, options): `dropmatch` → ("dropmatch", {}); `dropmatch(criterion=js;min_votes=2)`
+    → ("dropmatch", {"criterion": "js", "min_votes": 2}): a variant of the rule, its own method
+    (`semspec:dropmatch(criterion=js;min_votes=2)`), with these options over the rule's `--acceptance-kwargs`."""
+    match = _SPEC.match(entry)
+    if match is None or match["tokens"] is not None:
+        raise ValueError(f"--rules: {entry!r} must be <rule> or <rule>(<option>=<value>;...), e.g. "
+                         "dropmatch(criterion=js)")
+    options = {}
+    for option in (o.strip() for o in (match["options"] or "").split(";") if o.strip()):
+        key, equals, value = option.partition("=")
+        if not equals or not key.strip():
+            raise ValueError(f"--rules: option {option!r} in {entry!r} must be <option>=<value>")
+        options[key.strip()] = _option_value(value.strip())
+    return match["policy"], options
+
+
 def has_lossless_rule(described: dict) -> bool:
     """Whether a method as a results file describes it (`Method.describe`) decodes with a registered lossless rule, so
     that its greedy text should be plain's."""
@@ -197,16 +219,18 @@ def check_method_options(
     """The rules to run (`None`: every registered one), after building each with its options and each draft-length
     entry for each of them, as `build_methods` will: a bad name or option raises here, before any model loads."""
     registered = hf_semspec.available_rules()
-    names = registered if rules is None else rules
+    entries = registered if rules is None else rules
+    names = [parse_rule_entry(entry)[0] for entry in entries]
     unknown = [n for n in names if n not in registered] + [n for n in acceptance_kwargs if n not in names]
     if unknown:
         raise ValueError(f"unknown or unselected rule(s) {unknown}: registered rules are {registered}")
-    for name in names:
-        RULES.build(name, dict(acceptance_kwargs.get(name, {})))
+    for entry in entries:
+        name, options = parse_rule_entry(entry)
+        RULES.build(name, {**acceptance_kwargs.get(name, {}), **options})
         for spec in draft_lengths or []:
             build_policy(spec.policy, entry_tokens(spec, num_assistant_tokens),
                          RULES.get(name).default_num_draft_tokens, dict(spec.options))
-    return names
+    return entries
 
 
 def entry_tokens(spec: DraftLengthSpec, num_assistant_tokens: int | None) -> int | None:
@@ -225,6 +249,7 @@ def build_methods(
     pruned_draft: torch.nn.Module | None = None,
     include_stock: bool = True,
     policy_state: str = "run",
+    include_plain: bool = True,
 ) -> tuple[list[Method], dict[str, str]]:
     """The methods to run, in a fixed order, and `{rule: reason}` for the registered rules that are skipped.
 
@@ -234,29 +259,32 @@ def build_methods(
     that cannot run with `draft` runs with `pruned_draft` when that one suits it (`rdk`), else it is skipped.
     `policy_state="category"` gives each policy that keeps state across calls one instance per category (its name
     ends in `/per-category`); the others, which learn nothing worth keeping, run and are named as with "run".
+    A `rules` entry may carry options, `dropmatch(criterion=js)` (`parse_rule_entry`): a variant of the rule with its
+    own method. `include_plain=False` leaves out `plain` (e.g. greedy runs whose `exact` already gives plain's text).
     """
     if policy_state not in POLICY_STATES:
         raise ValueError(f"--policy-state: got {policy_state!r}; expected one of {list(POLICY_STATES)}. Fix: pass "
                          "'run' (one instance per method) or 'category' (one per category).")
     registered = hf_semspec.available_rules()
-    names = check_method_options(rules, acceptance_kwargs, draft_lengths, num_assistant_tokens)
+    entries = check_method_options(rules, acceptance_kwargs, draft_lengths, num_assistant_tokens)
     exact_gamma = RULES.get("exact").default_num_draft_tokens if "exact" in registered else AcceptanceRule.default_num_draft_tokens
-    methods = [Method(PLAIN, "plain")]
+    methods = [Method(PLAIN, "plain")] if include_plain else []
     if include_stock:
         methods.append(Method(STOCK, "stock", gamma=exact_gamma if num_assistant_tokens is None else num_assistant_tokens))
     skipped = {}
-    for name in names:
+    for entry in entries:
+        name, options = parse_rule_entry(entry)
         rule_cls = RULES.get(name)
-        kwargs = dict(acceptance_kwargs.get(name, {}))
+        kwargs = {**acceptance_kwargs.get(name, {}), **options}
         rule = RULES.build(name, kwargs)  # a bad option is the user's error: it raises now, before any model runs
         reason = rule_skip_reason(rule, draft, do_sample)
         uses_pruned = reason is not None and pruned_draft is not None and rule_skip_reason(rule, pruned_draft, do_sample) is None
         if reason is not None and not uses_pruned:
-            skipped[name] = reason
+            skipped[entry] = reason
             continue
         if draft_lengths is None:
             gamma = rule_cls.default_num_draft_tokens if num_assistant_tokens is None else num_assistant_tokens
-            methods.append(Method(SEMSPEC_PREFIX + name, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
+            methods.append(Method(SEMSPEC_PREFIX + entry, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
                                   uses_pruned_draft=uses_pruned))
             continue
         for spec in draft_lengths:
@@ -264,7 +292,7 @@ def build_methods(
             policy = build_policy(spec.policy, tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
             state = policy_state if type(policy).keeps_state_across_calls else "run"
             suffix = PER_CATEGORY_SUFFIX if state == "category" else ""
-            methods.append(Method(f"{SEMSPEC_PREFIX}{name}/{spec.label}{suffix}", "semspec", gamma=tokens,
+            methods.append(Method(f"{SEMSPEC_PREFIX}{entry}/{spec.label}{suffix}", "semspec", gamma=tokens,
                                   rule=name, rule_kwargs=kwargs, draft_length=spec.policy,
                                   draft_length_kwargs=dict(spec.options), uses_pruned_draft=uses_pruned,
                                   policy=policy, policy_state=state))

@@ -125,7 +125,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="qwen: Qwen2.5-Coder 1.5B target / 0.5B draft (default); smollm2: SmolLM2-135M as both")
     p.add_argument("--rules", default=None,
                    help="comma-separated acceptance rules (default: every registered rule: "
-                        f"{','.join(hf_semspec.available_rules())})")
+                        f"{','.join(hf_semspec.available_rules())}); an entry may carry options, "
+                        "'dropmatch(criterion=js;min_votes=2)': a variant of the rule, its own method")
     p.add_argument("--acceptance-kwargs", type=json.loads, default={},
                    help='JSON object of options per rule, e.g. \'{"ears": {"beta": 0.2}}\'')
     p.add_argument("--num-assistant-tokens", type=_at_least(1), default=None,
@@ -148,10 +149,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "skipped with the reason")
     p.add_argument("--skip-stock", action="store_true",
                    help="leave out stock assisted generation (e.g. for an accuracy-only or draft-length run)")
+    p.add_argument("--skip-plain", action="store_true",
+                   help="leave out plain decoding (greedy runs with `exact`, whose text is plain's: ratios are then "
+                        "taken against a rule, e.g. by benchmarks/fidelity.py)")
     p.add_argument("--stock-confidence-threshold", type=_probability, default=None,
                    help="assistant_confidence_threshold for stock assisted generation (default: transformers' own, "
                         "0.4, which ends a drafting round early when the draft is unsure; 0 = always draft γ)")
     p.add_argument("--sample", action="store_true", help="sample instead of greedy decoding (use with --seed)")
+    p.add_argument("--temperature", type=float, default=None,
+                   help="with --sample: the target's generation_config.temperature for every method (default: the "
+                        "model's generation config)")
+    p.add_argument("--top-p", type=_probability, default=None,
+                   help="with --sample: the target's generation_config.top_p for every method (default: the model's)")
     p.add_argument("--seed", type=int, default=0,
                    help="RNG seed, greedy or sampled (dropmatch draws dropout masks in greedy decoding too); prompt i "
                    "uses seed + i for every method")
@@ -183,6 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="first problems in file order, or those with the shortest reference solutions (default: "
                         "the profile's: shortest in quick, first in full)")
     p.add_argument("--gsm8k-max-new-tokens", type=_at_least(1), default=None, help="override the profile's")
+    p.add_argument("--gsm8k-problems", type=data.parse_slice, default=None, metavar="START:END",
+                   help="GSM8K problems START..END-1 in file order (0-based), instead of --gsm8k / "
+                        "--gsm8k-selection: one slice of a long run, merged afterwards (benchmarks/fidelity.py)")
     p.add_argument("--profile-breakdown", action=argparse.BooleanOptionalAction, default=None,
                    help="profile each method's warm-up run on the first prompt (default: on in quick, off in full)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, help="default: benchmarks/results/")
@@ -241,8 +253,13 @@ def select_prompts(args: argparse.Namespace, profile: Profile) -> tuple[list[dat
     selected = chosen
     if args.limit is not None:
         chosen = chosen[: args.limit]
-    gsm8k = data.load_gsm8k(args.data_dir / data.GSM8K_FILE, profile.gsm8k, profile.gsm8k_max_new_tokens,
-                            profile.gsm8k_selection)
+    if args.gsm8k_problems is not None:
+        gsm8k = data.load_gsm8k_slice(args.data_dir / data.GSM8K_FILE, *args.gsm8k_problems, profile.gsm8k_max_new_tokens)
+        profile = replace(profile, gsm8k=len(gsm8k), gsm8k_selection=f"problems {args.gsm8k_problems[0]}:"
+                          f"{args.gsm8k_problems[1]}")
+    else:
+        gsm8k = data.load_gsm8k(args.data_dir / data.GSM8K_FILE, profile.gsm8k, profile.gsm8k_max_new_tokens,
+                                profile.gsm8k_selection)
     categories = data.categories_in_order(chosen)
     per = "all" if profile.per_category is None else profile.per_category
     if profile.skip_per_category:
@@ -365,9 +382,13 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
 
     # 1. Prompts and method options first (cheap, and a bad value fails before minutes of model loading).
     draft_lengths = methods_lib.parse_draft_lengths(args.draft_lengths)
-    rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
+    rules = methods_lib.split_entries(args.rules) if args.rules else None
     methods_lib.check_method_options(rules, args.acceptance_kwargs, draft_lengths, args.num_assistant_tokens)
     per_length_costs = metrics.per_length_costs(args.verify_cost) if args.verify_cost is not None else None
+    for option in ("temperature", "top_p"):
+        if getattr(args, option) is not None and not args.sample:
+            raise ValueError(f"--{option.replace('_', '-')} {getattr(args, option)} without --sample: greedy decoding "
+                             "ignores it. Fix: add --sample, or drop the option.")
     prompts, selection_summary = select_prompts(args, profile)
     if not prompts:
         raise ValueError("no prompts selected: check --limit / --gsm8k / the prompts file")
@@ -383,13 +404,19 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
             args.pruned_drafter, dtype=models.DTYPES[args.draft_dtype], load_tokenizer=False)
         pair.info["pruned_drafter"] = {"path": str(args.pruned_drafter), "keep_size": pair.pruned_draft.num_kept,
                                        "vocab_size": pair.pruned_draft.vocab_size}
+    for option in ("temperature", "top_p"):  # every method reads the target's generation config
+        if getattr(args, option) is not None:
+            setattr(pair.target.generation_config, option, getattr(args, option))
+            # every call passes do_sample=True; set here too, or transformers warns that the option "may be ignored"
+            pair.target.generation_config.do_sample = True
     load_s = time.perf_counter() - load_start
     print(f"Loaded target {pair.target_name} and draft {pair.draft_name} in {load_s:.0f} s", flush=True)
 
     # 3. Methods: plain, stock assisted, and every rule registered now that can run with this draft.
     method_list, skipped = methods_lib.build_methods(
         rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
-        draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock, policy_state=args.policy_state)
+        draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock, policy_state=args.policy_state,
+        include_plain=not args.skip_plain)
     for rule, reason in skipped.items():
         print(f"Skipping rule {rule!r}: {reason}", flush=True)
     print("Methods: " + ", ".join(f"{m.name}" + (f" (γ={m.gamma})" if m.gamma else "") for m in method_list),

@@ -451,7 +451,7 @@ def speculative_decode(
     drafter = ModelDrafter(
         assistant_model,
         processors,
-        do_sample=do_sample,
+        do_sample=do_sample and not rule.greedy_drafts,
         return_probs=do_sample or rule.requires_draft_probs,
         output_device=input_ids.device,
         vocab_size=model.config.get_text_config().vocab_size,

@@ -355,12 +355,13 @@ CLOCKLESS_TAPOUT = {"reward": "tokens_per_forward", "arms": ["adaedl", "svip", "
 def test_a_policy_that_reads_no_clock_repeats_its_sampled_text_after_forgetting(attached, close_draft, name, options):
     """The README's advice for repeatable text: these policies' lengths follow the rounds they saw, not their times,
     so after `forget_draft_length_state()` the same sampled `fly` call returns its first text again (what the learning
-    ones kept changes the text in between)."""
+    ones kept changes the text in between; 96 tokens: with fly's sampling floor, adaedl's λ after one 48-token call
+    still gave the same lengths, and so the same text)."""
 
     def sampled_call():
         torch.manual_seed(0)
         return attached.generate(prompt(8), assistant_model=close_draft, acceptance="fly", draft_length=name,
-                                 draft_length_kwargs=options, do_sample=True, max_new_tokens=48, min_new_tokens=48)
+                                 draft_length_kwargs=options, do_sample=True, max_new_tokens=96, min_new_tokens=96)
 
     first = sampled_call()
     later = [sampled_call() for _ in range(2)]

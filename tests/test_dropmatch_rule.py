@@ -1,5 +1,5 @@
 """`dropmatch`: the worked example of its docstring with explicit masks, the heads as one batched matmul, the reduction
-to exact matching when nothing is dropped, naive vs js, seeding, sampling mode, config errors, and end to end."""
+to exact matching when nothing is dropped, vote vs js, seeding, sampling mode, config errors, and end to end."""
 
 from __future__ import annotations
 
@@ -76,7 +76,8 @@ def test_worked_example_heads_centroid_and_thresholds(monkeypatch):
     "rule_name, kwargs, accepted",
     [
         ("exact", {}, [True, False, False, False]),
-        ("dropmatch", {"criterion": "naive"}, [True, True, True, False]),
+        ("dropmatch", {"criterion": "vote", "min_votes": 1}, [True, True, True, False]),
+        ("dropmatch", {}, [True, False, False, False]),  # default: two votes
         ("dropmatch", {"criterion": "js"}, [True, True, False, False]),
     ],
 )
@@ -103,7 +104,7 @@ def test_all_kept_masks_reduce_both_criteria_to_exact_matching(patch_rng):
     inputs = VerificationInput(drafts, target_logits, q, hidden, weight)
     exact = RULES.build("exact", {}).verify(inputs)
     assert 0 < exact.accepted.sum() < exact.accepted.numel()  # a case with both verdicts
-    for criterion in ("naive", "js"):
+    for criterion in ("vote", "js"):
         for matches in (True, False):
             rule = RULES.build("dropmatch", {"criterion": criterion, "accept_target_matches": matches})
             keep = rule.draw_masks(inputs)
@@ -117,7 +118,7 @@ def test_all_kept_masks_reduce_both_criteria_to_exact_matching(patch_rng):
 
 def test_tiny_dropout_reproduces_the_processed_target_logits():
     """p → 0: the heads are the target logits the rule was given, also when logits processors made them differ from
-    `hidden @ W.T` (temperature-like scaling and a banned token at −inf), so `naive` is exact matching."""
+    `hidden @ W.T` (temperature-like scaling and a banned token at −inf), so `vote` is exact matching."""
     g = torch.Generator().manual_seed(1)
     vocab, hidden_size = 11, 8
     weight = torch.randn(vocab, hidden_size, generator=g)
@@ -127,7 +128,7 @@ def test_tiny_dropout_reproduces_the_processed_target_logits():
     drafts = processed[:, :-1].argmax(-1).clone()
     drafts[:, 1] = (drafts[:, 1] + 1) % vocab
     inputs = VerificationInput(drafts, processed, None, hidden, weight)
-    rule = RULES.build("dropmatch", {"dropout": 1e-6, "criterion": "naive", "seed": 0})
+    rule = RULES.build("dropmatch", {"dropout": 1e-6, "criterion": "vote", "seed": 0})
     heads = rule.head_logits(inputs, rule.draw_masks(inputs))
     assert heads.shape == (5, 3, 5, vocab)
     assert torch.isneginf(heads[..., 4]).all()
@@ -139,7 +140,7 @@ def test_tiny_dropout_reproduces_the_processed_target_logits():
 
 
 def test_a_token_the_processors_forbid_is_never_a_head_token(patch_rng):
-    """The heads add the dropout perturbation to the processed logits: a token at −inf stays at −inf, so `naive`
+    """The heads add the dropout perturbation to the processed logits: a token at −inf stays at −inf, so `vote`
     cannot accept it even when the raw head (hidden @ W.T) would pick it."""
     patch_rng(uniform=0.99)  # all kept: the raw heads would all vote token 6
     hidden = torch.nn.functional.one_hot(torch.tensor([[6, 6]]), 11).float() * 10.0
@@ -147,7 +148,7 @@ def test_a_token_the_processors_forbid_is_never_a_head_token(patch_rng):
     processed = hidden @ weight.T
     processed[..., 6] = -math.inf  # e.g. EOS before min_new_tokens
     inputs = VerificationInput(torch.tensor([[6]]), processed, None, hidden, weight)
-    result = RULES.build("dropmatch", {"criterion": "naive"}).verify(inputs)
+    result = RULES.build("dropmatch", {"min_votes": 1}).verify(inputs)
     assert result.accepted.tolist() == [[False]] and result.next_token.item() != 6
 
 
@@ -182,7 +183,7 @@ def test_heads_are_one_batched_matmul_equal_to_a_loop_over_heads():
         weight,
         bias,
     )
-    for criterion in ("js", "naive"):
+    for criterion in ("js", "vote"):
         rule = RULES.build("dropmatch", {"num_heads": K, "criterion": criterion, "seed": 0})
         with _CountMatmuls() as counter:
             rule.verify(inputs)
@@ -208,12 +209,12 @@ def test_chunked_rows_give_the_same_verdicts(monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-def test_naive_and_js_differ_both_ways(monkeypatch):
-    """Row 0: ŷ = 0 is one head's vote but q is far from the centroid → naive accepts, js rejects.
-    Row 1: ŷ = 2 is no head's vote but q is close to the centroid (JS 0.0047 ≤ 0.1854) → js accepts, naive rejects."""
+def test_vote_and_js_differ_both_ways(monkeypatch):
+    """Row 0: ŷ = 0 is one head's vote but q is far from the centroid → vote accepts, js rejects.
+    Row 1: ŷ = 2 is no head's vote but q is close to the centroid (JS 0.0047 ≤ 0.1854) → js accepts, vote rejects."""
     patch_masks(monkeypatch, MASKS)
     inputs = lambda: worked_example_inputs(torch.tensor([[0], [2]]), Q[[2, 0]])  # noqa: E731
-    assert worked_rule(criterion="naive").verify(inputs()).accepted[:, 0].tolist() == [True, False]
+    assert worked_rule(criterion="vote", min_votes=1).verify(inputs()).accepted[:, 0].tolist() == [True, False]
     assert worked_rule(criterion="js").verify(inputs()).accepted[:, 0].tolist() == [False, True]
 
 
@@ -237,7 +238,7 @@ def test_sampling_keeps_every_draft_the_standard_test_accepts(monkeypatch, patch
     drawn = patch_rng(categorical="argmax")
     patch_masks(monkeypatch, MASKS, u=u)
     inputs = worked_example_inputs(DRAFTS[2:], Q[2:], do_sample=True)
-    result = worked_rule().verify(inputs)
+    result = worked_rule(criterion="js").verify(inputs)
     assert result.accepted[:, 0].tolist() == [accepted_row2, False]
     residual = drawn[-1][-1]  # the correction distribution of row 3
     torch.testing.assert_close(residual, torch.tensor([0.3437, 0.6563, 0.0, 0.0]), atol=1e-4, rtol=0)
@@ -268,7 +269,7 @@ def test_same_seed_same_masks_and_verdicts_other_seed_differs():
     inputs = random_inputs()
 
     def run(seed):
-        rule = RULES.build("dropmatch", {"seed": seed, "criterion": "naive"})
+        rule = RULES.build("dropmatch", {"seed": seed, "criterion": "vote"})
         return rule.draw_masks(inputs), rule.verify(inputs).accepted
 
     masks_a, verdicts_a = run(1)
@@ -288,6 +289,79 @@ def test_seeded_rule_draws_fresh_masks_each_round_and_leaves_the_global_rng_alon
     torch.manual_seed(0)
     assert torch.equal(after, torch.rand(3))
     assert not torch.equal(first, second)
+
+
+def test_default_greedy_call_is_reproducible_and_leaves_the_global_rng_alone(attached, close_draft):
+    """The default seed: the same greedy call gives the same text after an unrelated torch.manual_seed, and torch's
+    global RNG is where the call found it. With seed=None the masks come from that RNG (the old default): it moves."""
+    common = dict(assistant_model=close_draft, max_new_tokens=12, do_sample=False, num_assistant_tokens=5,
+                  acceptance="dropmatch")
+    outputs = []
+    for unrelated in (1, 2):
+        torch.manual_seed(unrelated)
+        state = torch.get_rng_state()
+        outputs.append(attached.generate(prompt(8, seed=3), **common))
+        assert torch.equal(torch.get_rng_state(), state)
+    assert torch.equal(outputs[0], outputs[1])
+    torch.manual_seed(1)
+    state = torch.get_rng_state()
+    attached.generate(prompt(8, seed=3), acceptance_kwargs={"seed": None}, **common)
+    assert not torch.equal(torch.get_rng_state(), state)
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.parametrize("criterion", ["vote", "js"])
+def test_heads_only_for_rows_the_standard_test_rejects_give_the_same_verdicts(monkeypatch, do_sample, criterion):
+    """On CPU the heads run only on the drafts `exact` would reject (the others are kept anyway): the same verdicts
+    as computing every row, from a matrix product over fewer rows."""
+    g = torch.Generator().manual_seed(7)
+    batch, gamma, vocab, hidden_size = 3, 6, 40, 16
+    weight = torch.randn(vocab, hidden_size, generator=g)
+    hidden = torch.randn(batch, gamma + 1, hidden_size, generator=g)
+    target_logits = hidden @ weight.T
+    drafts = torch.where(torch.rand(batch, gamma, generator=g) < 0.6, target_logits[:, :-1].argmax(-1),
+                         torch.randint(0, vocab, (batch, gamma), generator=g))
+    q = torch.softmax(torch.randn(batch, gamma, vocab, generator=g), -1)
+
+    def verify(all_rows):
+        if all_rows:
+            monkeypatch.setattr(DropMatchRule, "rows_to_test", staticmethod(lambda standard, n, device: None))
+        torch.manual_seed(0)  # the standard test's uniforms when sampling
+        rule = RULES.build("dropmatch", {"criterion": criterion, "dropout": 0.5, "seed": 3})
+        with _CountMatmulRows() as rows:
+            result = rule.verify(VerificationInput(drafts, target_logits, q, hidden, weight, do_sample=do_sample))
+        monkeypatch.undo()
+        return result, rows.rows
+
+    selected, selected_rows = verify(all_rows=False)
+    every, every_rows = verify(all_rows=True)
+    assert torch.equal(selected.accepted, every.accepted) and torch.equal(selected.num_accepted, every.num_accepted)
+    assert every_rows == [5 * batch * gamma]
+    assert 0 < selected_rows[0] < every_rows[0]  # only the rows exact rejects, K heads each
+    assert 0 < every.accepted.sum() < every.accepted.numel()
+
+
+class _CountMatmulRows(TorchDispatchMode):
+    """The number of rows of each matrix product's first operand."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.overloadpacket in (torch.ops.aten.mm, torch.ops.aten.bmm, torch.ops.aten.addmm):
+            first = args[1] if func.overloadpacket is torch.ops.aten.addmm else args[0]
+            self.rows.append(first.reshape(-1, first.shape[-1]).shape[0])
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("min_votes, accepted", [(1, [True, True, True, False]), (2, [True, False, False, False]),
+                                                  (3, [False, False, False, False])])
+def test_min_votes_on_the_worked_example(monkeypatch, min_votes, accepted):
+    """Heads vote 0, 1, 1: ŷ = 1 has two votes, ŷ = 0 one, ŷ = 3 none (criterion alone, no target-match rescue)."""
+    patch_masks(monkeypatch, MASKS)
+    rule = worked_rule(min_votes=min_votes, accept_target_matches=False)
+    assert rule.verify(worked_example_inputs()).accepted[:, 0].tolist() == accepted
 
 
 def test_js_divergence_matches_a_float64_reference():
@@ -316,8 +390,11 @@ def test_js_divergence_matches_a_float64_reference():
         ({"dropout": 0}, r"`acceptance_kwargs\['dropout'\]` = 0 .*values in \(0, 1\) for 'dropmatch'"),
         ({"dropout": 1.0}, r"`acceptance_kwargs\['dropout'\]` = 1.0 .*values in \(0, 1\)"),
         ({"dropout": -0.2}, r"`acceptance_kwargs\['dropout'\]` = -0.2 .*values in \(0, 1\)"),
-        ({"criterion": "kl"}, r"`acceptance_kwargs\['criterion'\]` = 'kl' .*one of \['js', 'naive'\]"),
+        ({"criterion": "kl"}, r"`acceptance_kwargs\['criterion'\]` = 'kl' .*one of \['vote', 'js'\]"),
         ({"seed": -1}, r"`acceptance_kwargs\['seed'\]` = -1 .*values in \[0, "),
+        ({"min_votes": 0}, r"`acceptance_kwargs\['min_votes'\]` = 0 .*values in \[1, inf\]"),
+        ({"min_votes": 6}, r"`acceptance_kwargs\['min_votes'\]` = 6 .*at most num_heads = 5 .*Fix: pass min_votes in "
+                           r"\[1, 5\], or raise num_heads"),
         ({"accept_target_matches": "yes"}, r"`acceptance_kwargs\['accept_target_matches'\]` = 'yes' .*type bool"),
         ({"heads": 5}, r"unknown option\(s\) \['heads'\] for 'dropmatch'"),
     ],
@@ -329,9 +406,9 @@ def test_config_validation(kwargs, pattern):
 
 def test_defaults_and_class_attributes():
     config = DropMatchConfig()
-    assert (config.num_heads, config.dropout, config.criterion, config.seed) == (5, 0.3, "js", None)
+    assert (config.num_heads, config.dropout, config.criterion, config.min_votes, config.seed) == (5, 0.3, "vote", 2, 0)
     assert config.accept_target_matches is True
-    assert DropMatchRule.requires_target_hidden_states and DropMatchRule.requires_draft_probs
+    assert DropMatchRule.requires_target_hidden_states and not RULES.build("dropmatch", {}).requires_draft_probs
     assert not DropMatchRule.lossless and DropMatchRule.supports_sampling
 
 
@@ -346,9 +423,9 @@ def test_missing_inputs_name_the_fix():
     )
     with pytest.raises(SemSpecConfigError, match=r"`draft_probs` = None .*with criterion='js' compares it with the "
                                                  r"heads'\. Fix: pass draft_probs, or use acceptance_kwargs="
-                                                 r"\{'criterion': 'naive'\}"):
-        RULES.build("dropmatch", {}).verify(no_q)
-    assert RULES.build("dropmatch", {"criterion": "naive"}).verify(no_q).accepted.shape == (16, 4)
+                                                 r"\{'criterion': 'vote'\}"):
+        RULES.build("dropmatch", {"criterion": "js"}).verify(no_q)
+    assert RULES.build("dropmatch", {}).verify(no_q).accepted.shape == (16, 4)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -373,11 +450,11 @@ def test_end_to_end_accepts_more_drafts_per_round_than_exact(attached, close_dra
     assert torch.equal(again.sequences, sequences["dropmatch", 0])
 
 
-def test_naive_criterion_does_not_ask_the_drafter_for_q(attached, close_draft):
+def test_vote_criterion_does_not_ask_the_drafter_for_q(attached, close_draft):
     assert RULES.build("dropmatch", {"criterion": "js"}).requires_draft_probs
-    assert not RULES.build("dropmatch", {"criterion": "naive"}).requires_draft_probs
+    assert not RULES.build("dropmatch", {"criterion": "vote"}).requires_draft_probs
     out = attached.generate(
-        prompt(8), assistant_model=close_draft, acceptance="dropmatch", acceptance_kwargs={"criterion": "naive"},
+        prompt(8), assistant_model=close_draft, acceptance="dropmatch", acceptance_kwargs={"criterion": "vote"},
         max_new_tokens=12, return_dict_in_generate=True,
     )
     assert out.acceptance_stats.num_drafted > 0

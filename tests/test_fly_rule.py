@@ -228,7 +228,7 @@ def test_worked_example_sampling(fake_draws, draft, accepted, emitted):
     under the patched draw); draft 3 is rejected and the first draw 2 is emitted — not the argmax 0."""
     calls = fake_draws(torch.tensor([[[2, 1]]]))
     inputs = inputs_from_probs([[FLAT, BONUS]], [[draft]], do_sample=True)
-    result = fly().verify(inputs)
+    result = fly(sampling="greedy_drafts").verify(inputs)
     assert result.num_accepted.item() == int(accepted)
     assert result.next_token.item() == emitted
     assert len(calls) == 1  # one vectorized call: two draws at every position, reused for the correction token
@@ -241,7 +241,7 @@ def test_sampling_window_and_first_draw_as_correction(fake_draws):
     last W positions → rejected, and the round emits its first draw y_3⁽¹⁾ = 1."""
     calls = fake_draws(torch.tensor([[[2, 1], [3, 0], [0, 0], [1, 2]]]))
     inputs = inputs_from_probs([[FLAT] * 4 + [BONUS]], [[1, 4, 0, 3]], do_sample=True)
-    result = fly(window=2).verify(inputs)
+    result = fly(window=2, sampling="greedy_drafts").verify(inputs)
     assert result.accepted.tolist() == [[True, True, True, False]]
     assert result.num_accepted.item() == 3 and result.next_token.item() == 1
     assert len(calls) == 1
@@ -252,7 +252,7 @@ def test_sampling_window_and_first_draw_as_correction(fake_draws):
 
 def test_sampling_draws_are_kept_per_inputs_object(fake_draws):
     calls = fake_draws(torch.tensor([[[2, 2], [3, 3]]]))
-    rule = fly(window=2)
+    rule = fly(window=2, sampling="greedy_drafts")
     first = inputs_from_probs([[FLAT, FLAT, BONUS]], [[1, 1]], do_sample=True)
     second = inputs_from_probs([[FLAT, FLAT, BONUS]], [[1, 1]], do_sample=True)
     rule.accept(first)
@@ -269,10 +269,85 @@ def test_sampling_correction_is_a_draw_from_p_with_the_real_rng():
     outcomes = set()
     for seed in range(20):
         inputs = inputs_from_probs([[p, BONUS]], [[0]], do_sample=True, generator=torch.Generator().manual_seed(seed))
-        result = fly().verify(inputs)
+        result = fly(sampling="greedy_drafts").verify(inputs)
         assert result.num_accepted.item() == 0
         outcomes.add(result.next_token.item())
     assert outcomes == {2, 3}
+
+
+def test_floor_keeps_a_draft_the_standard_test_keeps_and_emits_the_residual(patch_rng, monkeypatch):
+    """`sampling="floor"`: one flat position, draft 1 with q(1) = 0.6, so p/q = 0.3/0.6 = 0.5, and target draws
+    (2, 3) that miss it. u = 0.4 keeps it (the standard test), u = 0.6 rejects it, and the round emits a draw from
+    norm(max(p − q, 0)) = [0.75, 0, 0.25, 0, 0] (the patched draw takes its argmax, 0), not the first draw 2."""
+    q = torch.tensor([[[0.1, 0.6, 0.1, 0.1, 0.1]]])
+    for u, accepted in [(0.4, 1), (0.6, 0)]:
+        patch_rng(uniform=u)
+        monkeypatch.setattr(fly_module, "sample_categorical",
+                            lambda probs, generator: torch.tensor([[[2, 3]]]) if probs.dim() == 4 else probs.argmax(-1))
+        inputs = inputs_from_probs([[FLAT, BONUS]], [[1]], do_sample=True)
+        inputs.draft_probs = q
+        result = fly().verify(inputs)
+        assert result.num_accepted.item() == accepted
+        if not accepted:
+            assert result.next_token.item() == 0
+            residual = (inputs.target_probs[0, 0] - q[0, 0]).clamp_min(0)
+            torch.testing.assert_close(residual / residual.sum(), torch.tensor([0.75, 0, 0.25, 0, 0]))
+
+
+def test_floor_accepts_every_draft_exact_accepts_with_the_same_uniforms(patch_rng):
+    """Random logits and draft distributions, u fixed: every draft `exact` keeps, `fly` (floor) keeps too."""
+    g = torch.Generator().manual_seed(11)
+    for u in (0.2, 0.5, 0.8):
+        patch_rng(uniform=u)
+        logits = torch.randn(8, 10, 30, generator=g) * 2
+        q = torch.softmax(torch.randn(8, 9, 30, generator=g) * 2, -1)
+        drafts = torch.multinomial(q.reshape(-1, 30), 1, generator=g).reshape(8, 9)
+        inputs = VerificationInput(drafts, logits, q, do_sample=True, generator=torch.Generator().manual_seed(0))
+        exact = ExactRule().accept(inputs)
+        floor = fly(window=3).accept(inputs)
+        assert 0 < exact.sum() and bool((floor | ~exact).all())
+
+
+@pytest.mark.parametrize("sampling", ["floor", "greedy_drafts"])
+def test_sampling_mode_sets_how_the_drafter_drafts(sampling):
+    assert fly(sampling=sampling).greedy_drafts is (sampling == "greedy_drafts")
+    assert not ExactRule().greedy_drafts
+
+
+def test_greedy_drafts_makes_the_drafter_propose_argmax_while_the_target_samples(attached, close_draft, monkeypatch):
+    from hf_semspec import drafting
+
+    drafted_by_sampling = []
+    original = drafting.ModelDrafter.__init__
+
+    def spy(self, *args, **kwargs):
+        drafted_by_sampling.append(kwargs["do_sample"])
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(drafting.ModelDrafter, "__init__", spy)
+    for options in ({"sampling": "greedy_drafts"}, {}):
+        attached.generate(prompt(8), assistant_model=close_draft, acceptance="fly", acceptance_kwargs=options,
+                          do_sample=True, max_new_tokens=6)
+    assert drafted_by_sampling == [False, True]
+
+
+def test_sampled_fly_is_not_slower_per_forward_than_exact_with_the_same_draft(attached, close_draft):
+    """The issue's case: sampling, a draft that agrees with the target about a third of the time, each rule at its
+    default γ, seeds 0-2 and 40 tokens each (EOS held back). With sampled drafts and the two-draw test alone (the
+    code before `sampling="floor"`) fly made fewer tokens per target forward than exact (1.37 against 1.86 here);
+    with the floor it makes more."""
+    def tokens_per_forward(rule, kwargs):
+        tokens = forwards = 0
+        for seed in range(3):
+            torch.manual_seed(seed)
+            out = attached.generate(prompt(8, seed=seed), assistant_model=close_draft, acceptance=rule,
+                                    acceptance_kwargs=kwargs, do_sample=True, max_new_tokens=40, min_new_tokens=40,
+                                    return_dict_in_generate=True)
+            tokens += out.sequences.shape[1] - 8
+            forwards += out.acceptance_stats.num_target_forwards
+        return tokens / forwards
+
+    assert tokens_per_forward("fly", {}) >= tokens_per_forward("exact", {})
 
 
 # --- config validation -------------------------------------------------------------------------------------------
@@ -288,6 +363,7 @@ def test_sampling_correction_is_a_draw_from_p_with_the_real_rng():
         ({"entropy": "full"}, r"`acceptance_kwargs\['entropy'\]` = 'full' .*one of \['top3', 'normalized_full'\]"),
         ({"entropy_threshold": 1.2}, r"= 1.2 is not valid: allowed at most 1.0986 with entropy='top3'"),
         ({"entropy_threshold": 1.05, "entropy": "normalized_full"}, r"at most 1.0000 with entropy='normalized_full'"),
+        ({"sampling": "sampled"}, r"`acceptance_kwargs\['sampling'\]` = 'sampled' .*one of \['floor', 'greedy_drafts'\]"),
     ],
 )
 def test_config_validation(kwargs, pattern):

@@ -26,6 +26,26 @@ follows is our construction, in the paper's notation):
   whole (about `chunk_elements` floats at a time).
 
 Default m = 8, τ = 0.02: see `DEFAULT_NEIGHBOURS` / `DEFAULT_TEMPERATURE` (with the measurements behind τ).
+
+What the kernel can recover on the reference pair, measured (`benchmarks/rdk_kernels.py`,
+`benchmarks/results/rdk-kernels.md`): α = E Σ min(p, r) (the sampling acceptance rate of the standard test) at
+temperature 0.7 over 395 positions of the target's sampled answers to 8 held-out Spec-Bench prompts, keep sets of
+`benchmarks/pruned_drafters.py`:
+
+| r | keep 10% (15,194) | keep 25% (37,984) |
+| --- | --- | --- |
+| unpruned draft q (the ceiling) | 0.8023 | 0.8023 |
+| q', no kernel (`exact` with the pruned drafter) | 0.7399 | 0.7881 |
+| cosine, τ = 0.02 (default) / 0.05 / 0.1 / 0.2 | 0.7371 / 0.7258 / 0.6587 / 0.4780 | 0.7853 / 0.7789 / 0.7314 / 0.5731 |
+| calibrated: M_ij = E[q'(i)·q(j)] / E[q'(i)], the unpruned draft's own mass on pruned j where q' is on i | 0.7285 | 0.7848 |
+
+No kernel raised α: the best is none, and the default costs 0.003. Why: the target puts 9.9% (keep 10%) and 2.8%
+(keep 25%) of its mass on pruned tokens there, so even a perfect r could add at most 0.062 / 0.014 (the unpruned
+draft's α); and that mass is spread over many pruned tokens that change with the context, while a kernel is one
+linear map for every context: the mass it moves off a kept token is lost wherever the target wanted that token, and
+this outweighed what landed on pruned tokens the target wanted, for the embedding kernel at every τ and for a kernel
+calibrated on the drafter's own pruned mass (10,634 positions of keep-set corpus text). Issue 46's target, +0.05
+over `exact` at 10% kept, would need four fifths of the ceiling from one static map; we found no map that gives any.
 """
 
 from __future__ import annotations

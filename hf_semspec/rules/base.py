@@ -190,6 +190,8 @@ class AcceptanceRule(ABC):
         requires_target_hidden_states (`bool`): needs the LM-head input at the verified positions.
         redistributes_draft (`bool`): the drafter draws from RDK's redistributed r instead of q (needs a
             pruned-vocabulary drafter with a kernel, see `hf_semspec.drafters`).
+        greedy_drafts (`bool`): the drafter proposes argmax q even when sampling (the target's tokens are still
+            sampled); a rule may set it per instance from its options (FLy's `sampling="greedy_drafts"`).
         default_num_draft_tokens (`int`): γ used when the user sets no `num_assistant_tokens`.
     """
 
@@ -202,6 +204,7 @@ class AcceptanceRule(ABC):
     requires_draft_probs: ClassVar[bool] = False
     requires_target_hidden_states: ClassVar[bool] = False
     redistributes_draft: ClassVar[bool] = False
+    greedy_drafts: bool = False
     default_num_draft_tokens: ClassVar[int] = 5
 
     def __init__(self, config: RuleConfig | None = None):

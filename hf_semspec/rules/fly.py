@@ -14,15 +14,17 @@ The rule, with positions i = 0 … γ − 1 of a block of γ drafts x̂ (the aut
 `entropy_thre` = θ) and p_i the target's distribution at position i (after the logits processors):
 
     Δ_i = 1[x̂_i = argmax p_i]                                         (greedy: raw, exact acceptance)
-    Δ_i = 1[x̂_i = y_i⁽¹⁾ or x̂_i = y_i⁽²⁾],  y_i⁽¹⁾, y_i⁽²⁾ ~ p_i       (sampling: two target draws)
+    Δ_i = 1[x̂_i ∈ {y_i⁽¹⁾, y_i⁽²⁾}] ∨ 1[u_i·q_i(x̂_i) < p_i(x̂_i)]        (sampling, `sampling="floor"`, default)
+    Δ_i = 1[x̂_i ∈ {y_i⁽¹⁾, y_i⁽²⁾}],  x̂_i = argmax q_i                  (sampling, `sampling="greedy_drafts"`)
     D_i = Δ_i ∨ (i + W < γ ∧ Δ_{i+1} ∧ … ∧ Δ_{i+W−1})                   (deferred window, on the raw Δ)
     A_i = D_i ∧ (Δ_i ∨ H_i ≥ θ)                                        (entropy gate, applied after the window)
     H_i = −Σ_{v ∈ top-3(p_i)} p_i(v) ln p_i(v)                         (`entropy="top3"`, default)
     H_i = −Σ_v p_i(v) ln p_i(v) / ln |V|                               (`entropy="normalized_full"`)
 
-With n = the first i where A_i = 0 (n = γ if none), the round emits x̂_0 … x̂_{n−1}, then the target's token at n:
-argmax p_n when greedy, the first draw y_n⁽¹⁾ when sampling (so a rejection emits a draw from p_n); after γ
-acceptances the bonus token from p_γ. The window looks at the raw Δ of the following positions, so a second
+with y_i⁽¹⁾, y_i⁽²⁾ ~ p_i two target draws and u_i ~ U[0, 1). With n = the first i where A_i = 0 (n = γ if none), the
+round emits x̂_0 … x̂_{n−1}, then the target's token at n: argmax p_n when greedy; when sampling, a draw from the
+standard residual norm(max(p_n − q_n, 0)) (`floor`) or the first draw y_n⁽¹⁾ (`greedy_drafts`); after γ acceptances
+the bonus token from p_γ. The window looks at the raw Δ of the following positions, so a second
 mismatch inside the window blocks the first one (no chaining of flips).
 
 Where the paper text, the issue and the authors' code differ, this module follows the code:
@@ -47,6 +49,33 @@ Where the paper text, the issue and the authors' code differ, this module follow
 - Not part of the acceptance rule, hence not here: the code's n-gram/self-speculative drafting ("multi-level
   acceleration"), its greedy-only drafter, tree verification, and the `abla_no_window` ablation.
 
+Sampling (`do_sample=True`). The authors' code drafts greedily and tests a draft against two target samples. With
+drafts *sampled* from q, as the rest of this package samples them, that test alone accepts less than `exact` does
+with the same draft (a sampled draft rarely equals one of two target draws where p is flat, where the standard test
+u < p/q often keeps it): in the issue's tiny-model run fly kept 4 of 303 drafts against `exact`'s 10 of 89. Two
+ways out, both options of `sampling`:
+
+- `"floor"` (default): keep the sampled drafts and let the standard test count as a match in Δ, so every draft that
+  `exact` keeps with the same uniforms is kept (tested), the window and the gate can only add to that, and a
+  rejection emits the standard residual;
+- `"greedy_drafts"`: follow the authors (the drafter proposes argmax q; Δ is the two-draw test alone). This does not
+  guarantee exact's acceptance: where p is flat and q ≈ p, P(x̂ ∈ {y⁽¹⁾, y⁽²⁾}) = 1 − (1 − p(x̂))² is below exact's
+  Σ min(p, q).
+
+Measured. Tiny models (tests/conftest: a target and its perturbed copy, temperature 1, 3 seeds × 40 tokens, EOS
+held back; `test_sampled_fly_is_not_slower_per_forward_than_exact_with_the_same_draft`), tokens per target forward at
+each rule's default γ: exact 1.86, fly with the old two-draw test on sampled drafts 1.37, `greedy_drafts` 2.11,
+`floor` 3.56 (at γ = 5 for all: 1.86, 1.31, 1.80, 2.81). Reference pair at T = 0.7, top-p 0.9
+(`benchmarks/results/fly-sampling-gsm8k.md`: GSM8K problems 0-3 × 96 tokens, one seed per problem, each rule at
+its default γ, interleaved per problem on a loaded 2-core machine): tokens per target forward exact 4.63,
+`floor` 8.73, `greedy_drafts` 9.60; tokens/s over exact's (geometric mean of the per-problem ratios) `floor` 0.89×,
+`greedy_drafts` 1.02×. Both multiply τ by about two, and at γ = 15 the drafting eats the gain either way (a
+draft-length policy such as `tapout` is the lever there). The default is `floor` because it is the one that keeps
+the guarantee asked of it (never fewer drafts kept than `exact` with the same draws; `greedy_drafts` kept fewer on
+the tiny models at γ = 5) and it moves the output less from p (`greedy_drafts` accepts the draft's argmax x̂ with
+probability 1 − (1 − p(x̂))², more than p(x̂)); `greedy_drafts` was the faster of the two on the reference pair in
+this small run and stays an option.
+
 Draft length. The paper drafts long blocks (k = 15, `spd_k` in `fly_config/FLy_Llama3_70b.json`), and with the
 default W = 6 only positions i ≤ γ − 7 can be flipped: at this package's usual γ = 5 the window could never fire and
 greedy `fly` would equal `exact` (sampled, its two-draw test still differs). `default_num_draft_tokens` is
@@ -68,8 +97,10 @@ either "flat", p = [0.4, 0.3, 0.2, 0.05, 0.05] with H = −(0.4 ln 0.4 + 0.3 ln 
 Entropy options on p = [0.9, 0.05, 0.03, 0.01, 0.01]: top-3 H = 0.3498 ≥ 0.3 (the gate lets a mismatch through),
 normalised full H = 0.4419 / ln 5 = 0.2746 < 0.3 (the gate blocks it).
 
-Sampling, one flat position with patched draws y⁽¹⁾ = 2, y⁽²⁾ = 1: draft 1 is accepted (it equals the second draw);
-draft 3 is rejected and the round emits y⁽¹⁾ = 2 — the first draw, not the argmax 0.
+Sampling (`greedy_drafts`), one flat position with patched draws y⁽¹⁾ = 2, y⁽²⁾ = 1: draft 1 is accepted (it equals
+the second draw); draft 3 is rejected and the round emits y⁽¹⁾ = 2 — the first draw, not the argmax 0. With `floor`
+and q = [0.1, 0.6, 0.1, 0.1, 0.1], draws (2, 3) miss draft 1 but p/q = 0.3/0.6 = 0.5, so u = 0.4 keeps it; u = 0.6
+rejects it and the round emits a draw from norm(max(p − q, 0)) = [0.75, 0, 0.25, 0, 0].
 """
 
 from __future__ import annotations
@@ -81,9 +112,19 @@ import torch
 
 from ..component_config import Range
 from ..errors import invalid_value
-from .base import AcceptanceRule, RuleConfig, VerificationInput, gather_rows, register_rule, sample_categorical
+from .base import (
+    AcceptanceRule,
+    RuleConfig,
+    VerificationInput,
+    gather_rows,
+    register_rule,
+    residual_distribution,
+    sample_categorical,
+    sample_uniform,
+)
 
 ENTROPY_KINDS = ("top3", "normalized_full")
+SAMPLING_MODES = ("floor", "greedy_drafts")
 # Largest value each entropy can take: three tokens of 1/3 each for top-3 (−p ln p grows on [0, 1/e] and 1/3 < 1/e),
 # and 1 for an entropy normalised by ln |V|.
 MAX_ENTROPY = {"top3": math.log(3), "normalized_full": 1.0}
@@ -102,6 +143,13 @@ class FLyConfig(RuleConfig):
         entropy (`str`, defaults to `"top3"`): `"top3"` — unnormalised entropy (natural log) of the three largest
             target probabilities, as in the authors' code; `"normalized_full"` — full-vocabulary entropy divided by
             ln |V|, as in the paper text.
+        sampling (`str`, defaults to `"floor"`): how `do_sample=True` works (greedy decoding ignores it).
+            `"floor"`: drafts are sampled from q and a draft passes its own test Δ when the standard test
+            u < p(x̂)/q(x̂) keeps it *or* it equals one of the two target draws; rejections emit the standard
+            residual norm(max(p − q, 0)). So `fly` keeps every draft `exact` would keep with the same draws.
+            `"greedy_drafts"`: the drafter proposes argmax q, as the authors' code does, Δ is the two-draw test
+            alone and a rejection emits the first draw. See the module docstring for the measurements behind the
+            default.
     """
 
     component_name = "fly"
@@ -127,6 +175,15 @@ class FLyConfig(RuleConfig):
             "help": "'top3': entropy of the 3 largest target probabilities, natural log, not renormalised "
             "(authors' code); 'normalized_full': full-vocabulary entropy / ln|V| (paper text)",
             "choices": ENTROPY_KINDS,
+        },
+    )
+    sampling: str = field(
+        default="floor",
+        metadata={
+            "help": "do_sample=True: 'floor' keeps a sampled draft if the standard test u < p/q or the two-draw "
+            "test keeps it (never fewer than exact); 'greedy_drafts' drafts argmax q as the authors' code and uses "
+            "the two-draw test alone",
+            "choices": SAMPLING_MODES,
         },
     )
 
@@ -192,10 +249,11 @@ def deferred_window(delta: torch.BoolTensor, window: int) -> torch.BoolTensor:
 class FLyRule(AcceptanceRule):
     """FLy (Li et al., ICLR 2026): exact acceptance, loosened by a deferred window and gated by target entropy.
 
-    Greedy and sampling are both defined; q (the draft's probabilities) is never used. In sampling mode `accept()`
-    draws the two target samples y⁽¹⁾, y⁽²⁾ per position with one vectorized `sample_categorical` call, memoised on
-    the round's `VerificationInput` (`inputs.once`), so that `rejection_token()` emits the *same* first sample y⁽¹⁾
-    at the first rejection.
+    Greedy and sampling are both defined; q (the draft's probabilities) is read only by the sampling floor. In
+    sampling mode `accept()` draws the two target samples y⁽¹⁾, y⁽²⁾ per position with one vectorized
+    `sample_categorical` call (and the floor's uniforms), memoised on the round's `VerificationInput` (`inputs.once`),
+    so that `own_test()` sees the same draws and `rejection_token()` emits the *same* first sample y⁽¹⁾
+    (`greedy_drafts`) at the first rejection.
     """
 
     name = "fly"
@@ -208,6 +266,10 @@ class FLyRule(AcceptanceRule):
     requires_target_hidden_states = False
     default_num_draft_tokens = 15  # the paper's k; with W = 6 flips need γ ≥ 7 (see the module docstring)
 
+    def __init__(self, config: FLyConfig | None = None):
+        super().__init__(config)
+        self.greedy_drafts = self.config.sampling == "greedy_drafts"
+
     def target_samples(self, inputs: VerificationInput) -> torch.LongTensor:
         """Two draws from p_i at every draft position, shape `(batch, γ, 2)`; `[..., 0]` is the correction token.
 
@@ -219,12 +281,25 @@ class FLyRule(AcceptanceRule):
             lambda: sample_categorical(probs.unsqueeze(-2).expand(-1, -1, 2, -1), inputs.generator),
         )
 
+    def standard_test(self, inputs: VerificationInput) -> torch.BoolTensor:
+        """`exact`'s sampling test u·q(x̂) < p(x̂), shape `(batch, γ)`, with one uniform per draft drawn once per round."""
+        def draw() -> torch.BoolTensor:
+            p = inputs.target_prob_of_drafts()
+            q = inputs.draft_prob_of_drafts()
+            return sample_uniform(p.shape, p.device, inputs.generator) * q < p
+
+        return inputs.once("fly_standard_test", draw)
+
     def raw_acceptance(self, inputs: VerificationInput) -> torch.BoolTensor:
-        """Δ, shape `(batch, γ)`: draft = target argmax (greedy), or draft ∈ {y⁽¹⁾, y⁽²⁾} (sampling)."""
+        """Δ, shape `(batch, γ)`: draft = target argmax (greedy); draft ∈ {y⁽¹⁾, y⁽²⁾} (sampling), or the standard
+        test's verdict (`sampling="floor"`)."""
         drafts = inputs.draft_token_ids
         if not inputs.do_sample:
             return drafts == inputs.target_greedy_ids[:, :-1]
-        return (self.target_samples(inputs) == drafts[..., None]).any(-1)
+        two_draws = (self.target_samples(inputs) == drafts[..., None]).any(-1)
+        if self.config.sampling == "floor":
+            return two_draws | self.standard_test(inputs)
+        return two_draws
 
     @property
     def deferred_window(self) -> int:
@@ -242,4 +317,8 @@ class FLyRule(AcceptanceRule):
     def rejection_token(self, inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
         if not inputs.do_sample:
             return self.target_token(inputs, position)
+        if self.config.sampling == "floor":
+            p = gather_rows(inputs.target_probs, position)
+            q = gather_rows(inputs.checked_draft_probs(), position).float()
+            return sample_categorical(residual_distribution(p, q), inputs.generator)
         return gather_rows(self.target_samples(inputs)[..., 0], position)

@@ -15,6 +15,12 @@ lossless; it changes only how often drafts are accepted. Greedy decoding drafts 
 The drafter side (keep set, kernel construction) lives in `hf_semspec.drafters`; this rule asks the drafter to
 redistribute (`redistributes_draft`) and checks, before decoding, that the draft model carries a kernel.
 
+Measured on the reference pair, it does not pay: no kernel we built raised the sampling acceptance of the pruned
+drafter over `exact` with the same drafter, at 10% or 25% of the vocabulary kept (acceptance α 0.7399 without a
+kernel, 0.7371 with the default one, at 10% kept; 0.8023 unpruned), and the drafter also spends a scatter-add per
+draft token. The numbers and why are in `hf_semspec.drafters.kernel` (`benchmarks/results/rdk-kernels.md`); use
+`acceptance="exact"` with a pruned drafter.
+
 Worked example (target vocabulary {0, 1, 2}, token 2 pruned): q' = [0.6, 0.4] over the kept tokens {0, 1};
 kernel rows 0 → {0: 0.5, 2: 0.5} and 1 → {1: 1.0} give r = [0.3, 0.4, 0.3]. A draft of the pruned token 2 drawn
 from r meets the target p = [0.2, 0.2, 0.6]: p(2)/r(2) = 2 ≥ 1, so it is accepted for any u. Without

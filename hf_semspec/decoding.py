@@ -236,38 +236,12 @@ def _target_forward(
 
 @dataclass
 class _RowRecord:
-    """What the host knows of one row across rounds: its statistics and, when recorded, its scores."""
+    """What the host keeps of one row across rounds: its statistics, its scores when recorded, its output."""
 
     stats: AcceptanceStats
-    scores: list = None
-    logits: list = None
+    scores: list
+    logits: list
     sequence: torch.LongTensor | None = None  # set when the row finishes
-
-    def record_round(self, gamma: int, accepted: int, kept: int) -> None:
-        stats = self.stats
-        stats.num_target_forwards += 1
-        stats.num_drafted += gamma
-        stats.num_accepted += accepted
-        stats.num_new_tokens += kept
-        stats.drafted_per_round.append(gamma)
-        stats.accepted_per_round.append(accepted)
-        grow = gamma - len(stats.drafted_per_position)
-        if grow > 0:
-            stats.drafted_per_position += [0] * grow
-            stats.accepted_per_position += [0] * grow
-        for i in range(gamma):
-            stats.drafted_per_position[i] += 1
-            stats.accepted_per_position[i] += int(i < accepted)
-
-
-def _overall_stats(records: list[_RowRecord], rounds: list[tuple[int, int]]) -> AcceptanceStats:
-    """The call's statistics: every row's counts summed, one target forward per round (a batched forward verifies
-    every row), and per round the drafts of all its rows (`rounds`: (drafted, accepted) summed over rows)."""
-    total = sum(r.stats for r in records)
-    total.num_target_forwards = len(rounds)
-    total.drafted_per_round = [drafted for drafted, _ in rounds]
-    total.accepted_per_round = [accepted for _, accepted in rounds]
-    return total
 
 
 def _step_outputs(per_row: list[list[torch.Tensor]]) -> tuple[torch.FloatTensor, ...]:
@@ -474,7 +448,7 @@ def speculative_decode(
     records = [_RowRecord(AcceptanceStats(), [], []) for _ in range(batch_size)]
     keep_scores = return_dict and generation_config.output_scores
     keep_logits = return_dict and generation_config.output_logits
-    rounds: list[tuple[int, int]] = []
+    first_round = True  # its forwards also prefill the prompt
     draft_length.set_deferred_window(rule.deferred_window)
 
     while batch.rows:
@@ -555,17 +529,17 @@ def speculative_decode(
             # drafts saw no rejection (`cut`: its tokens are `keep`, not accepted + 1). Rows share the round's time.
             draft_length.observe(
                 RoundOutcome(
-                    gamma, min(n, keep), seconds / sum(alive), includes_prefill=not rounds,
+                    gamma, min(n, keep), seconds / sum(alive), includes_prefill=first_round,
                     num_matched=None if num_matched[i] is None else min(num_matched[i], keep), cut=keep <= n,
                 )
             )
             record = records[batch.rows[i]]
-            record.record_round(gamma, n, keep)
+            record.stats.record_round(gamma, n, keep)
             if keep_scores:
                 record.scores.extend(processed[i, :keep])
             if keep_logits:
                 record.logits.extend(target_logits[i, :keep])
-        rounds.append((gamma * sum(alive), sum(a for a, live in zip(accepted, alive) if live)))
+        first_round = False
 
         # 6. Append, stream, and roll both caches back to the slots the rows still need: through each row's accepted
         #    drafts (the others' rejected ones become holes), but the last token, which is not cached yet (a
@@ -607,7 +581,7 @@ def speculative_decode(
         logits=_step_outputs([r.logits for r in records]) if keep_logits else None,
         # With several rows the caches hold holes and rows that left: nothing a continuation could use.
         **{CACHE_ARGUMENT: target_cache if batch_size == 1 else None},
-        acceptance_stats=_overall_stats(records, rounds),
+        acceptance_stats=AcceptanceStats.of_batch([record.stats for record in records]),
         acceptance_stats_per_row=[record.stats for record in records],
     )
 

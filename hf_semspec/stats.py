@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-import torch
-
 
 @dataclass
 class AcceptanceStats:
@@ -82,6 +80,38 @@ class AcceptanceStats:
             accepted_per_round=self.accepted_per_round + other.accepted_per_round,
         )
 
+    def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int) -> None:
+        """Adds one round of one row: `num_drafted` drafts, of which the rule accepted the first `num_accepted` (its
+        verdicts), and the `num_new_tokens` the row's sequence took (fewer than `num_accepted + 1` where the output
+        ended inside the round). The loop reads these on the host with the round's one sync."""
+        self.num_target_forwards += 1
+        self.num_drafted += num_drafted
+        self.num_accepted += num_accepted
+        self.num_new_tokens += num_new_tokens
+        self.drafted_per_round.append(num_drafted)
+        self.accepted_per_round.append(num_accepted)
+        grow = num_drafted - len(self.drafted_per_position)
+        if grow > 0:
+            self.drafted_per_position += [0] * grow
+            self.accepted_per_position += [0] * grow
+        for i in range(num_drafted):
+            self.drafted_per_position[i] += 1
+            self.accepted_per_position[i] += int(i < num_accepted)
+
+    @classmethod
+    def of_batch(cls, rows: list["AcceptanceStats"]) -> "AcceptanceStats":
+        """A batched call's statistics from its rows': every count summed, except target forwards, one per round (a
+        batched forward verifies every row; a row's rounds are the first ones, while it was decoding), and per round
+        the drafts and accepted drafts of all the rows in it."""
+        total = sum(rows, cls())
+        rounds = max((len(r.drafted_per_round) for r in rows), default=0)
+        total.num_target_forwards = rounds
+        total.drafted_per_round = [sum(r.drafted_per_round[i] for r in rows if i < len(r.drafted_per_round))
+                                   for i in range(rounds)]
+        total.accepted_per_round = [sum(r.accepted_per_round[i] for r in rows if i < len(r.accepted_per_round))
+                                    for i in range(rounds)]
+        return total
+
     def to_dict(self) -> dict:
         """Counts plus the derived rates, JSON-ready."""
         out = asdict(self)
@@ -92,46 +122,3 @@ class AcceptanceStats:
             per_position_acceptance=self.per_position_acceptance,
         )
         return out
-
-
-class AcceptanceCounters:
-    """Device-side accumulation used during decoding: no host sync per round, one at the end (`to_stats`)."""
-
-    def __init__(self) -> None:
-        self.drafted_per_position: list[int] = []
-        self.drafted_per_round: list[int] = []  # summed in `to_stats` for the total drafted
-        self._accepted_per_position: torch.Tensor | None = None
-        self._accepted_per_round: list[torch.Tensor] = []  # 0-d tensors, read once in `to_stats`
-
-    def record(self, num_draft_tokens: int, num_accepted: torch.LongTensor) -> None:
-        """Records one verification of `num_draft_tokens` drafts per row, `num_accepted` of shape `(batch,)`."""
-        batch_size = num_accepted.shape[0]
-        if len(self.drafted_per_position) < num_draft_tokens:
-            self.drafted_per_position += [0] * (num_draft_tokens - len(self.drafted_per_position))
-        for i in range(num_draft_tokens):
-            self.drafted_per_position[i] += batch_size
-        self.drafted_per_round.append(num_draft_tokens * batch_size)
-        self._accepted_per_round.append(num_accepted.sum())
-
-        positions = torch.arange(num_draft_tokens, device=num_accepted.device)
-        accepted_here = (positions[None, :] < num_accepted[:, None]).sum(0)
-        if self._accepted_per_position is None:
-            self._accepted_per_position = torch.zeros(0, dtype=torch.long, device=num_accepted.device)
-        if self._accepted_per_position.shape[0] < num_draft_tokens:
-            grow = num_draft_tokens - self._accepted_per_position.shape[0]
-            self._accepted_per_position = torch.cat([self._accepted_per_position, accepted_here.new_zeros(grow)])
-        self._accepted_per_position[:num_draft_tokens] += accepted_here
-
-    def to_stats(self, num_target_forwards: int, num_new_tokens: int) -> AcceptanceStats:
-        accepted = [] if self._accepted_per_position is None else self._accepted_per_position.tolist()
-        accepted_per_round = torch.stack(self._accepted_per_round).tolist() if self._accepted_per_round else []
-        return AcceptanceStats(
-            num_target_forwards=num_target_forwards,
-            num_drafted=sum(self.drafted_per_round),
-            num_accepted=sum(accepted_per_round),
-            num_new_tokens=num_new_tokens,
-            drafted_per_position=list(self.drafted_per_position),
-            accepted_per_position=accepted + [0] * (len(self.drafted_per_position) - len(accepted)),
-            drafted_per_round=list(self.drafted_per_round),
-            accepted_per_round=accepted_per_round,
-        )

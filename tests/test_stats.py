@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from hf_semspec.stats import AcceptanceCounters, AcceptanceStats
+from hf_semspec.stats import AcceptanceStats
 
 
 def test_derived_rates_on_worked_counts():
@@ -31,19 +31,24 @@ def test_empty_stats_have_zero_rates():
     assert AcceptanceStats().mean_accepted_length == 0.0 and AcceptanceStats().acceptance_rate == 0.0
 
 
-def test_counters_grow_with_varying_draft_length():
-    counters = AcceptanceCounters()
-    counters.record(2, torch.tensor([1]))
-    counters.record(4, torch.tensor([4]))
-    counters.record(0, torch.tensor([0]))
-    stats = counters.to_stats(num_target_forwards=3, num_new_tokens=8)
+def test_rounds_recorded_with_varying_draft_length():
+    stats = AcceptanceStats()
+    stats.record_round(2, 1, 2)
+    stats.record_round(4, 4, 5)
+    stats.record_round(0, 0, 1)
     assert stats.drafted_per_position == [2, 2, 1, 1]
     assert stats.accepted_per_position == [2, 1, 1, 1]
-    assert stats.num_drafted == 6 and stats.num_accepted == 5
+    assert (stats.num_target_forwards, stats.num_drafted, stats.num_accepted, stats.num_new_tokens) == (3, 6, 5, 8)
     assert stats.per_position_acceptance == pytest.approx([1.0, 0.5, 1.0, 1.0])
     # The rounds in order: what a draft-length policy chose, and what the rule kept of each.
     assert stats.drafted_per_round == [2, 4, 0]
     assert stats.accepted_per_round == [1, 4, 0]
+
+
+def test_a_round_cut_by_the_output_s_end_keeps_the_rule_s_verdicts():
+    stats = AcceptanceStats()
+    stats.record_round(5, 4, 2)  # an EOS at the second draft: 2 tokens output, 4 drafts accepted by the rule
+    assert (stats.num_accepted, stats.num_new_tokens, stats.accepted_per_position) == (4, 2, [1, 1, 1, 1, 0])
 
 
 def test_stats_of_several_calls_sum():
@@ -53,15 +58,18 @@ def test_stats_of_several_calls_sum():
     assert sum([a, b]) == a + b and sum([a]) == a
 
 
-def test_counters_count_every_row_of_a_batched_verification():
-    # `rule.verify` takes a batch; its counters counted one row per position, or the best row's accepted drafts.
-    counters = AcceptanceCounters()
-    counters.record(3, torch.tensor([1, 3]))
-    stats = counters.to_stats(num_target_forwards=1, num_new_tokens=6)
-    assert (stats.num_drafted, stats.num_accepted) == (6, 4)
-    assert stats.drafted_per_position == [2, 2, 2]
-    assert stats.accepted_per_position == [2, 1, 1]
-    assert (stats.drafted_per_round, stats.accepted_per_round) == ([6], [4])  # summed over rows, like the totals
+def test_a_batch_s_statistics_sum_its_rows_with_one_forward_per_round():
+    # Row 0 took part in 3 rounds, row 1 left after 2 (its EOS): 3 batched forwards, not 5.
+    first, second = AcceptanceStats(), AcceptanceStats()
+    for row, rounds in ((first, [(3, 1, 2), (3, 3, 4), (3, 0, 1)]), (second, [(3, 2, 3), (3, 3, 2)])):
+        for drafted, accepted, kept in rounds:
+            row.record_round(drafted, accepted, kept)
+    total = AcceptanceStats.of_batch([first, second])
+    assert total.num_target_forwards == 3
+    assert (total.num_drafted, total.num_accepted, total.num_new_tokens) == (15, 9, 12)
+    assert total.drafted_per_position == [5, 5, 5] and total.accepted_per_position == [4, 3, 2]
+    assert total.drafted_per_round == [6, 6, 3] and total.accepted_per_round == [3, 6, 0]
+    assert total.mean_accepted_length == 4.0
 
 
 def test_merged_stats_keep_each_calls_rounds_in_order():

@@ -10,7 +10,7 @@ drafts to keep. Following vLLM's v0 rejection sampler, the work is split so that
   price rounds long enough for the window.
 
 `AcceptanceRule.verify()` owns everything else: the cut at the first rejection, the bonus token from the target when
-all γ drafts are accepted, and the counters. Verification is a pure function of tensors — no model call — so every
+all γ drafts are accepted. Verification is a pure function of tensors — no model call — so every
 rule can be unit-tested on hand-written logits.
 """
 
@@ -27,7 +27,6 @@ from torch.profiler import record_function
 from ..component_config import ComponentConfig
 from ..errors import invalid_value
 from ..registry import Registry
-from ..stats import AcceptanceCounters
 
 
 @dataclass
@@ -177,7 +176,7 @@ class VerificationResult:
 
 class AcceptanceRule(ABC):
     """Base of every acceptance rule; subclasses implement `accept` and, optionally, `rejection_token`. `verify` owns
-    the rest: the first-rejection cut, the bonus token, the counters, and the one rule every rule obeys: a draft the
+    the rest: the first-rejection cut, the bonus token, and the one rule every rule obeys: a draft the
     logits processors forbid (target logit −inf) is never accepted.
 
     Class attributes a rule sets:
@@ -210,7 +209,6 @@ class AcceptanceRule(ABC):
     def __init__(self, config: RuleConfig | None = None):
         self.config = config if config is not None else self.config_class()
         self.config.validate()
-        self.counters = AcceptanceCounters()
 
     def check_decoding_mode(self, do_sample: bool) -> None:
         """Raises before decoding when the rule does not define the requested mode."""
@@ -266,7 +264,8 @@ class AcceptanceRule(ABC):
 
     @record_function("hf_semspec.verify")
     def verify(self, inputs: VerificationInput) -> VerificationResult:
-        """Runs the rule on one round: first-rejection cut, rejection/bonus token, counters. No host sync."""
+        """Runs the rule on one round: first-rejection cut, rejection/bonus token. No host sync (the loop reads the
+        result once per round and keeps the statistics on the host)."""
         gamma = inputs.num_draft_tokens
         batch_size = inputs.draft_token_ids.shape[0]
         device = inputs.target_logits.device
@@ -297,7 +296,6 @@ class AcceptanceRule(ABC):
             next_token = torch.where(num_accepted == gamma, bonus, correction)
             matched = self.own_test(inputs)
             num_matched = None if matched is None else matched.long().cumprod(-1).sum(-1)
-        self.counters.record(gamma, num_accepted)
         return VerificationResult(
             num_accepted=num_accepted, next_token=next_token, accepted=accepted, num_matched=num_matched
         )

@@ -158,6 +158,9 @@ class DecodingBatch:
         slots are masked out."""
         self.live[row_index] = False
         self.alive[row_index] = 0
+        # Its device length counted every accepted draft; a stop cut it to `lengths` on the host. Later rounds still
+        # write this row's drafts after it, which must stay within the buffer `reserve_tokens` sized from `lengths`.
+        self.lengths_t[row_index] = self.lengths[row_index]
         self.masked = True
 
     def room(self, max_length: int) -> int:

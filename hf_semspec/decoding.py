@@ -38,7 +38,6 @@ from transformers.generation import (
     EosTokenCriteria,
     GenerateDecoderOnlyOutput,
     MaxLengthCriteria,
-    SynthIDTextWatermarkLogitsProcessor,
 )
 
 from ._transformers_compat import (
@@ -134,22 +133,6 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
     if input_ids.shape[1] == 0:
         raise invalid_value("input_ids.shape[1] (prompt length)", 0, "at least 1 token", "pass a non-empty prompt")
     rule.check_decoding_mode(bool(generation_config.do_sample))
-
-
-def check_logits_processors(logits_processor: LogitsProcessorList) -> None:
-    """Rejects processors that keep state from call to call. The loop calls the processors once per drafted and once
-    per verified position, rejected drafts included, so a processor that counts its calls or remembers the contexts
-    it saw (SynthID's watermark) would see other calls than plain decoding makes: its output, and the text's
-    distribution, would differ from plain sampling even with `exact`."""
-    for processor in logits_processor:
-        if isinstance(processor, SynthIDTextWatermarkLogitsProcessor):
-            raise invalid_value(
-                "watermarking_config",
-                "a SynthIDTextWatermarkingConfig (or its logits processor)",
-                "None or a WatermarkingConfig with an acceptance rule (SynthID's processor keeps state per call, "
-                "which the speculative loop's extra calls would corrupt)",
-                "drop the SynthID watermark, or generate without assistant_model and acceptance",
-            )
 
 
 def _is_stock(criterion: Any, kind: type) -> bool:
@@ -284,6 +267,10 @@ def round_budget(wanted: int, room: int, free_slots: int, holes: bool) -> int:
     return max(0, budget)
 
 
+def _has_sliding_layers(cache) -> bool:
+    return any(getattr(layer, "is_sliding", False) for layer in cache.layers)
+
+
 def _typical_length(policy: DraftLengthPolicy) -> int:
     """The length a policy's config names (its fixed, initial or largest γ), at most 16: what a batch's static caches
     are sized for (longer rounds still fit while room is left, the loop's budget keeps them within it)."""
@@ -305,7 +292,7 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
     The forwards are compiled where transformers' `generate()` would compile the target's (`compile_config`,
     `disable_compile`, a GPU or `compile_config._compile_all_devices`; `compiles_forward`), each model judged on its
     own device. A rule that reads the target's hidden states (a forward hook) keeps the target's forward eager."""
-    if any(getattr(layer, "is_sliding", False) for layer in target_cache.layers):
+    if _has_sliding_layers(target_cache):
         raise invalid_value(
             "cache_implementation", "static",
             "'static' for models without sliding-window layers (a static sliding layer cannot be rolled back)",
@@ -314,11 +301,19 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
     batch_size, width = input_ids.shape
     if batch_size == 1:
         capacity = target_cache.get_max_length()
+        if max_length - 1 > capacity:  # the last token is never fed to the caches
+            raise invalid_value(
+                "stopping_criteria", f"MaxLengthCriteria(max_length={max_length})",
+                f"a max_length within the static cache's {capacity} slots, which transformers sizes from "
+                "generation_config.max_length",
+                f"pass max_length={max_length} (or max_new_tokens) instead of the criterion, or "
+                "cache_implementation='dynamic'",
+            )
     else:
         capacity = width + (max_length - width) * (typical_length + 1)
         target_cache = StaticCache(config=model.config, max_cache_len=capacity)
     draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity)
-    if any(getattr(layer, "is_sliding", False) for layer in draft_cache.layers):
+    if _has_sliding_layers(draft_cache):
         raise invalid_value(
             "assistant_model", type(assistant_model).__name__,
             "a draft without sliding-window layers with cache_implementation='static'",
@@ -367,7 +362,6 @@ def speculative_decode(
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     check_generation_config(generation_config, input_ids, rule)
-    check_logits_processors(logits_processor)
     batch_size = input_ids.shape[0]
     processors = BatchProcessors(logits_processor, batch_size)
     target_cache = model_kwargs[CACHE_ARGUMENT]
@@ -434,9 +428,9 @@ def speculative_decode(
         cache=draft_cache,
         compiled=compiled_draft,
     )
-    if batch_size != 1:
+    if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
         for field, cache in (("model", target_cache), ("assistant_model", drafter.cache)):
-            if any(getattr(layer, "is_sliding", False) for layer in cache.layers):
+            if _has_sliding_layers(cache):
                 raise invalid_value(
                     "input_ids.shape[0] (batch size)", batch_size,
                     f"1 when {field} has sliding-window layers (a batch keeps rejected drafts in the caches as masked "
@@ -516,7 +510,7 @@ def speculative_decode(
                 new_tokens = torch.cat([draft.tokens[i : i + 1, :n], result.next_token[i : i + 1, None]], dim=1)
                 stop_at = _first_stop(
                     called_stopping_criteria, batch.prefix(i, 0), new_tokens[:, :keep],
-                    _scores_so_far(records[batch.rows[i]]) if keep_scores and batch_size == 1 else None,
+                    _scores_so_far(records[batch.rows[i]]) if keep_scores else None,
                     processed[i : i + 1],
                 )
             if stop_at is not None:

@@ -6,7 +6,6 @@ from dataclasses import dataclass
 
 import torch
 from torch.profiler import record_function
-from transformers import LogitsProcessorList
 from transformers.cache_utils import Cache, DynamicCache
 
 from .batch import DecodingBatch
@@ -49,8 +48,8 @@ class ModelDrafter:
 
     Args:
         model (`PreTrainedModel`): the draft (assistant) model; may live on another device or dtype than the target.
-        logits_processor (`LogitsProcessorList` or `BatchProcessors`): the processors transformers prepared for this
-            `generate()` call.
+        logits_processor (`BatchProcessors`): the processors transformers prepared for this `generate()` call, applied
+            row by row where they read the prefix.
         do_sample (`bool`): draw drafts from q (`True`) or take argmax q (`False`).
         return_probs (`bool`): keep q for the verifier (needed when sampling or when the rule asks for it).
         output_device (`torch.device`): where drafts and q are returned (the target's device).
@@ -68,7 +67,7 @@ class ModelDrafter:
     def __init__(
         self,
         model: torch.nn.Module,
-        logits_processor: LogitsProcessorList,
+        logits_processor: BatchProcessors,
         do_sample: bool,
         return_probs: bool,
         output_device: torch.device,
@@ -80,8 +79,6 @@ class ModelDrafter:
         compiled=None,
     ):
         self.model = model
-        if not isinstance(logits_processor, BatchProcessors):
-            logits_processor = BatchProcessors(logits_processor, batch_size=1)
         self.logits_processor = logits_processor
         self.do_sample = do_sample
         self.return_probs = return_probs
@@ -155,6 +152,9 @@ class ModelDrafter:
         keep_probs = self.return_probs or (asks_policy and policy.reads_draft_probs)
         self.runner.rewind(start - self.catch_up)
         tokens, probs = [], []
+        # Rows with nothing more to draft for: finished ones (kept for a static cache's shape) and, read per token
+        # below, those that drafted an EOS.
+        done = [not live for live in batch.live]
         while len(tokens) < max_tokens:
             index = len(tokens)
             logits = self.runner.forward(batch, start + index, 1)[:, -1].to(self.output_device)
@@ -167,17 +167,15 @@ class ModelDrafter:
                 # waits for nothing (the other order would wait twice per token).
                 if not policy.keep_drafting(len(tokens), q):
                     break
-                if self.stop_token_ids and set(token.tolist()) <= self.stop_token_ids:
-                    break
+                if self.stop_token_ids:
+                    done = [d or t in self.stop_token_ids for d, t in zip(done, token.tolist())]
+                    if all(done):
+                        break
         empty = batch.ids.new_zeros(batch.size, 0)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1) if tokens else empty,
             probs=torch.stack(probs, dim=1) if (self.return_probs and probs) else None,
         )
-
-    def rewind(self, num_slots: int) -> None:
-        """Forgets cached slots past the first `num_slots` (the drafts no row accepted)."""
-        self.runner.rewind(num_slots)
 
 
 def redistribute(

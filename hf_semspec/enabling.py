@@ -21,28 +21,33 @@ from . import _transformers_compat as compat
 from .errors import SemSpecConfigError
 from .generation import _STOCK_CALL, _handing_to_transformers, field_that_needs_hf_semspec, generate
 
-# Where a keyword of transformers' `generate()` sits when passed positionally (after `self`).
-_STOCK_PARAMETERS = ("inputs", "generation_config", "logits_processor", "stopping_criteria",
-                     "prefix_allowed_tokens_fn", "synced_gpus", "assistant_model", "streamer", "negative_prompt_ids",
-                     "negative_prompt_attention_mask", "custom_generate")
 _MARK = "__hf_semspec__"  # on the functions this module installs: "guard" or "enabled"
 _replaced_by_enable: list[Callable] = []  # what `enable()` replaced, for `disable()` (empty while not enabled)
 
 
-def _argument(args: tuple, kwargs: dict, name: str) -> Any:
-    position = _STOCK_PARAMETERS.index(name)
+def _parameters(function: Callable) -> tuple[str, ...]:
+    """The names of `function`'s parameters after `self`, in order: where each sits when passed positionally."""
+    return tuple(inspect.signature(function).parameters)[1:]
+
+
+def _argument(parameters: tuple[str, ...], args: tuple, kwargs: dict, name: str) -> Any:
+    """The argument `name` of a call `(self, *args, **kwargs)` to a function with `parameters`."""
+    position = parameters.index(name) if name in parameters else len(args)
     return args[position] if len(args) > position else kwargs.get(name)
 
 
 def _guarded(stock_generate: Callable) -> Callable:
     """transformers' `generate()` behind the guard (see the module docstring)."""
 
+    parameters = _parameters(stock_generate)
+
     @functools.wraps(stock_generate)
     def generate_with_guard(self, *args, **kwargs):
-        if _STOCK_CALL.get() or _argument(args, kwargs, "custom_generate") is not None:
+        if _STOCK_CALL.get() or _argument(parameters, args, kwargs, "custom_generate") is not None:
             return stock_generate(self, *args, **kwargs)  # stock on our behalf, or the Hub route: untouched
-        assistant_model = _argument(args, kwargs, "assistant_model")
-        found = field_that_needs_hf_semspec(self, _argument(args, kwargs, "generation_config"), assistant_model, kwargs)
+        assistant_model = _argument(parameters, args, kwargs, "assistant_model")
+        generation_config = _argument(parameters, args, kwargs, "generation_config")
+        found = field_that_needs_hf_semspec(self, generation_config, assistant_model, kwargs)
         if found is not None:
             raise SemSpecConfigError(
                 f"{type(self).__name__}.generate() got {found}, which only hf_semspec reads, but hf_semspec is not "
@@ -66,9 +71,11 @@ def install_guard() -> None:
 
 
 def _enabled(replaced: Callable) -> Callable:
+    parameters = _parameters(replaced)
+
     @functools.wraps(replaced)
     def generate_with_hf_semspec(self, *args, **kwargs):
-        if _STOCK_CALL.get() or _argument(args, kwargs, "custom_generate") is not None:
+        if _STOCK_CALL.get() or _argument(parameters, args, kwargs, "custom_generate") is not None:
             return replaced(self, *args, **kwargs)
         return generate(self, *args, **kwargs)
 

@@ -27,6 +27,7 @@ from transformers.generation.logits_process import (
     PrefixConstrainedLogitsProcessor,
     RepetitionPenaltyLogitsProcessor,
     SuppressTokensLogitsProcessor,
+    SynthIDTextWatermarkLogitsProcessor,
     TemperatureLogitsWarper,
     TopHLogitsWarper,
     TopKLogitsWarper,
@@ -63,18 +64,31 @@ def is_row_wise(processor) -> bool:
     return type(processor) in ROW_WISE_PROCESSORS
 
 
-def check_batched_processors(processors: LogitsProcessorList, batch_size: int) -> None:
-    """Refuses, for several rows, the processors that keep per-row state of their own."""
-    if batch_size == 1:
-        return
+def check_processors(processors: LogitsProcessorList, batch_size: int) -> None:
+    """Refuses the processors the loop cannot call as plain decoding does.
+
+    - Processors that keep state from call to call: the loop calls the processors once per drafted and once per
+      verified position, rejected drafts included, so a processor that counts its calls or remembers the contexts it
+      saw (SynthID's watermark) would see other calls than plain decoding makes: its output, and the text's
+      distribution, would differ from plain sampling even with `exact`.
+    - With several rows, processors that keep per-row state of their own (`_BATCH_SHAPED_PROCESSORS`).
+    """
     for processor in processors:
-        for kind, what in _BATCH_SHAPED_PROCESSORS.items():
-            if type(processor) is kind:
-                raise invalid_value(
-                    "input_ids.shape[0] (batch size)", batch_size,
-                    f"1 with {what}, which a speculative batch cannot call per row",
-                    "call generate() once per prompt, or drop that option",
-                )
+        if isinstance(processor, SynthIDTextWatermarkLogitsProcessor):
+            raise invalid_value(
+                "watermarking_config",
+                "a SynthIDTextWatermarkingConfig (or its logits processor)",
+                "None or a WatermarkingConfig with an acceptance rule (SynthID's processor keeps state per call, "
+                "which the speculative loop's extra calls would corrupt)",
+                "drop the SynthID watermark, or generate without assistant_model and acceptance",
+            )
+        what = _BATCH_SHAPED_PROCESSORS.get(type(processor))
+        if what is not None and batch_size > 1:
+            raise invalid_value(
+                "input_ids.shape[0] (batch size)", batch_size,
+                f"1 with {what}, which a speculative batch cannot call per row",
+                "call generate() once per prompt, or drop that option",
+            )
 
 
 def _runs(processors: LogitsProcessorList) -> list[tuple[bool, LogitsProcessorList]]:
@@ -109,7 +123,7 @@ class BatchProcessors:
     """
 
     def __init__(self, processors: LogitsProcessorList, batch_size: int):
-        check_batched_processors(processors, batch_size)
+        check_processors(processors, batch_size)
         self.processors = processors
         self.runs = _runs(processors)
         # Per original row, its own copy of each run that reads prefixes (several rows only).
@@ -138,6 +152,8 @@ class BatchProcessors:
                     processed[:, p] = run(batch.prefix(0, offset + p), processed[:, p])
                     continue
                 for r in range(size):
+                    if not batch.live[r]:  # a finished row kept for a static cache's shape: its scores are not read
+                        continue
                     own = self.row_runs[batch.rows[r]][k]
                     processed[r : r + 1, p] = own(batch.prefix(r, offset + p), processed[r : r + 1, p])
         return processed

@@ -127,6 +127,33 @@ def test_a_stopping_criterion_ends_each_row_where_it_fires(attached, close_draft
         assert new_tokens(out[i], ids.shape[1]) == expected[0, len(row):].tolist()
 
 
+class RecordsScores(StoppingCriteria):
+    """Never fires; keeps what each call was given."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls.append((input_ids.shape[1], scores))
+        return torch.zeros(input_ids.shape[0], dtype=torch.bool)
+
+
+def test_a_stopping_criterion_gets_each_row_s_scores_so_far(attached, close_draft):
+    """With output_scores, a criterion sees the scores of every token of the row so far, as at batch 1."""
+    rows, ids, mask = left_padded()
+    criterion = RecordsScores()
+    out = attached.generate(ids, attention_mask=mask, assistant_model=close_draft, acceptance="exact",
+                            max_new_tokens=12, pad_token_id=PAD, eos_token_id=None, output_scores=True,
+                            return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([criterion]))
+    assert len(criterion.calls) >= 12 * len(rows)  # each row's prefixes, one by one
+    returned = torch.stack(out.scores, dim=1)  # (rows, steps, vocab)
+    for length, scores in criterion.calls:
+        assert scores is not None and len(scores) == length - ids.shape[1]
+        assert all(score.shape == (1, VOCAB) for score in scores)
+        seen = torch.cat(scores)
+        assert any(torch.equal(seen, returned[r, : len(scores)]) for r in range(len(rows)))  # one row's own scores
+
+
 @pytest.mark.parametrize("name", hf_semspec.available_rules())
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_every_rule_decodes_a_batch(attached, close_draft, rdk_draft, name, do_sample):
@@ -240,3 +267,27 @@ def test_a_batch_on_static_caches_never_writes_past_them(attached, close_draft, 
         assert out.sequences[i, ids.shape[1]:].tolist() == alone(attached, row, max_new_tokens=20,
                                                                  eos_token_id=None).tolist()
     assert real(hf_semspec.draft_length.POLICIES.build("constant", {"num_tokens": 6})) == 6
+
+
+def test_a_row_cut_by_a_stop_keeps_writing_its_drafts_within_the_buffer():
+    """A row that accepted 4 drafts but stopped at the first (EOS) stays in a static batch: its next rounds' drafts go
+    after its 6 tokens, not after the 10 its accepted drafts would have made, so a buffer sized from the rows'
+    lengths holds them (worked numbers: prompts of 5 tokens, max_length 12)."""
+    from hf_semspec.batch import DecodingBatch
+
+    ids = torch.arange(1, 11).view(2, 5)
+    batch = DecodingBatch(ids, None, slot_capacity=40, token_capacity=13, grow=False)
+    for index in range(4):
+        batch.write_draft(index, torch.tensor([20 + index, 30 + index]))
+    # row 0 accepts all 4 drafts, and its first is an EOS: it keeps 1 token; row 1 accepts none and goes on
+    batch.commit(torch.tensor([4, 0]), torch.tensor([24, 40]), accepted=[4, 0], kept=[1, 1])
+    batch.finish(0)
+    assert batch.lengths == [6, 6]
+    assert batch.lengths_t.tolist() == [6, 6]
+    # row 1 has 6 tokens of room left; a round of 5 drafts (budget = room − 1) fills the buffer sized for it
+    batch.reserve_tokens(max(batch.lengths) + 5 + 1)
+    for index in range(5):
+        batch.write_draft(index, torch.tensor([50 + index, 60 + index]))
+    batch.commit(torch.tensor([5, 5]), torch.tensor([55, 65]), accepted=[5, 5], kept=[0, 6])
+    assert batch.tokens[1, 6:12].tolist() == [60, 61, 62, 63, 64, 65]
+    assert batch.lengths_t.tolist() == [6, 12]

@@ -905,11 +905,12 @@ def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
     from transformers import LogitsProcessorList
 
     from hf_semspec.drafting import ModelDrafter
+    from hf_semspec.processors import BatchProcessors
 
     draft, ids = tiny_llama(seed=3), prompt(8)
 
     def drafter(stop_token_ids=frozenset()):
-        return ModelDrafter(draft, LogitsProcessorList(), do_sample=False, return_probs=False,
+        return ModelDrafter(draft, BatchProcessors(LogitsProcessorList(), 1), do_sample=False, return_probs=False,
                             output_device=torch.device("cpu"), vocab_size=VOCAB, stop_token_ids=stop_token_ids)
 
     tokens = drafter().draft(batch_of(ids), 8).tokens[0].tolist()
@@ -924,6 +925,33 @@ def test_a_per_token_round_ends_after_a_drafted_eos(policy_name, stops_at_eos):
     assert drafted == (tokens[: eos_at + 1] if stops_at_eos else tokens)
     # The policy decides before the EOS is read, so that read waits for nothing: it is asked about the EOS too.
     assert asked == (list(range(1, eos_at + 2)) if stops_at_eos else [])
+
+
+def test_a_per_token_round_of_a_batch_ends_once_every_row_drafted_an_eos():
+    """Rows draft their EOS at different positions: the round goes on until the last of them has one (each row's
+    drafts after its own EOS are never used), not until some position where all rows draft one at once."""
+    from conftest import VOCAB, tiny_llama
+    from transformers import LogitsProcessorList
+
+    from hf_semspec.batch import DecodingBatch
+    from hf_semspec.drafting import ModelDrafter
+    from hf_semspec.processors import BatchProcessors
+
+    draft = tiny_llama(seed=3)
+    ids = torch.cat([prompt(8, seed=0), prompt(8, seed=1)])
+
+    def drafted(stop_token_ids=frozenset(), policy=None):
+        drafter = ModelDrafter(draft, BatchProcessors(LogitsProcessorList(), 2), do_sample=False, return_probs=False,
+                               output_device=torch.device("cpu"), vocab_size=VOCAB, stop_token_ids=stop_token_ids)
+        batch = DecodingBatch(ids, None, slot_capacity=80, token_capacity=80, grow=True)
+        return drafter.draft(batch, 8, policy).tokens.tolist()
+
+    rows = drafted()
+    stop = frozenset({rows[0][1], rows[1][5]})
+    first_eos = [next(i for i, token in enumerate(row) if token in stop) for row in rows]
+    assert first_eos[0] != first_eos[1]  # the rows' EOS come at different positions
+    policy = POLICIES.build("svip", {"threshold": 1e9})  # per token, never stops on entropy
+    assert [row == full[: max(first_eos) + 1] for row, full in zip(drafted(stop, policy), rows)] == [True, True]
 
 
 @pytest.mark.parametrize("rule", ["exact", "fly"])

@@ -35,6 +35,7 @@ from hf_semspec.drafters import (
 )
 from hf_semspec.drafting import ModelDrafter
 from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.processors import BatchProcessors
 
 WORDS = (
     "the cat sat on a mat dog ran to park and it was sunny today we like code python list sort def return "
@@ -362,7 +363,8 @@ def test_rdk_samples_and_drafts_pruned_tokens(attached, draft_model, tokenizer):
     assert out.acceptance_stats.num_drafted > 0
     drafted = []
     for seed in range(5):
-        model_drafter = ModelDrafter(drafter, LogitsProcessorList([TemperatureLogitsWarper(1.0)]), do_sample=True,
+        model_drafter = ModelDrafter(drafter, BatchProcessors(LogitsProcessorList([TemperatureLogitsWarper(1.0)]), 1),
+                                     do_sample=True,
                                      return_probs=True, output_device=torch.device("cpu"), vocab_size=VOCAB,
                                      redistribute=True)
         drafted += model_drafter.draft(batch_of(prompt(8, seed=seed)), 8).tokens[0].tolist()

@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from hf_semspec.errors import SemSpecConfigError
 from hf_semspec.rules import RULES, VerificationInput
+from hf_semspec.rules import base as rules_base
 from hf_semspec.rules import dropmatch as dropmatch_module
 from hf_semspec.rules.dropmatch import DropMatchConfig, DropMatchRule, dropout_head_logits, js_divergence
 
@@ -38,7 +39,7 @@ def worked_example_inputs(drafts=DRAFTS, q=Q, do_sample=False):
 
 def patch_masks(monkeypatch, masks, u=0.5):
     """Mask uniforms 0.9 (keep) / 0.1 (drop) for every row, so `u >= p` reproduces `masks` (K, H) for p = 0.5;
-    every other uniform draw (the standard sampling test) returns `u`."""
+    every other uniform draw (the standard sampling test, `AcceptanceRule.standard_accept`) returns `u`."""
     calls = []
 
     def uniform(shape, device, generator):
@@ -48,6 +49,7 @@ def patch_masks(monkeypatch, masks, u=0.5):
         return torch.full(shape, u)
 
     monkeypatch.setattr(dropmatch_module, "sample_uniform", uniform)
+    monkeypatch.setattr(rules_base, "sample_uniform", uniform)
     return calls
 
 

@@ -609,10 +609,11 @@ def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():
     from transformers import LogitsProcessorList
 
     from hf_semspec.drafting import ModelDrafter
+    from hf_semspec.processors import BatchProcessors
 
     model = sliding_window_qwen2(eos_token_id=None)
     config = model.config
-    drafter = ModelDrafter(model, LogitsProcessorList(), do_sample=False, return_probs=False,
+    drafter = ModelDrafter(model, BatchProcessors(LogitsProcessorList(), 1), do_sample=False, return_probs=False,
                            output_device=torch.device("cpu"), vocab_size=VOCAB)
     batch = batch_of(prompt(10))
     for _ in range(5):  # every draft accepted: the rollback removes nothing
@@ -620,7 +621,7 @@ def test_the_draft_cache_keeps_its_window_while_rounds_are_fully_accepted():
         batch.reserve_tokens(batch.lengths[0] + 5)
         block = drafter.draft(batch, 4)
         batch.commit(torch.tensor([4]), block.tokens[:, -1], accepted=[4], kept=[5])
-        drafter.rewind(batch.num_slots - 1)
+        drafter.runner.rewind(batch.num_slots - 1)
     assert [layer.keys.shape[-2] for layer in drafter.cache.layers] == [config.sliding_window - 1] * 2
 
 

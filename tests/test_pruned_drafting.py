@@ -11,12 +11,13 @@ from transformers import LogitsProcessorList, TemperatureLogitsWarper
 
 from hf_semspec.drafting import ModelDrafter, redistribute
 from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.processors import BatchProcessors
 from hf_semspec.rules import RULES, VerificationInput
 
 
 def drafter_for(model, do_sample, redistribute_=False, processors=None):
     return ModelDrafter(
-        model, processors or LogitsProcessorList(), do_sample=do_sample, return_probs=True,
+        model, BatchProcessors(processors or LogitsProcessorList(), 1), do_sample=do_sample, return_probs=True,
         output_device=torch.device("cpu"), vocab_size=VOCAB, redistribute=redistribute_,
     )
 

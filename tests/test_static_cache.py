@@ -165,3 +165,23 @@ def test_a_sliding_window_model_is_refused_with_static_caches(attached):
     with pytest.raises(hf_semspec.SemSpecConfigError, match=r"draft without sliding-window layers.*'dynamic'"):
         attached.generate(prompt(8), assistant_model=draft, acceptance="exact", max_new_tokens=4,
                           cache_implementation="static")
+
+
+def test_a_max_length_criterion_longer_than_the_static_cache_is_refused(close_draft):
+    """transformers sizes the static cache from generation_config.max_length (a model keeps its static cache from call
+    to call, so a fresh one here); a user's longer MaxLengthCriteria, which the loop stops at, would run out of slots
+    mid-call."""
+    from transformers import MaxLengthCriteria, StoppingCriteriaList
+
+    model = hf_semspec.attach(tiny_llama(seed=0))
+    ids = prompt(8)
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=8 + 30)])
+    refused = r"`stopping_criteria` = 'MaxLengthCriteria\(max_length=38\)'.*static cache's 17 slots.*max_length=38"
+    with pytest.raises(hf_semspec.SemSpecConfigError, match=refused):
+        model.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=10,
+                       stopping_criteria=criteria, cache_implementation="static")
+    # within the cache it decodes as plain decoding, stopping at the criterion
+    criteria = StoppingCriteriaList([MaxLengthCriteria(max_length=8 + 6)])
+    out = model.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=10,
+                         stopping_criteria=criteria, cache_implementation="static")
+    assert torch.equal(out, plain_greedy(model, ids, max_new_tokens=6))

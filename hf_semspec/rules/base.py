@@ -262,6 +262,23 @@ class AcceptanceRule(ABC):
             return sample_categorical(gather_rows(inputs.target_probs, position), inputs.generator)
         return gather_rows(inputs.target_greedy_ids, position)
 
+    @staticmethod
+    def standard_accept(inputs: VerificationInput) -> torch.BoolTensor:
+        """What `exact` accepts (Leviathan et al. 2023), shape `(batch, γ)`: x̂ = argmax p when greedy; u·q(x̂) < p(x̂)
+        when sampling, written without the division (q(x̂) > 0 for a token drawn from q), one uniform per draft."""
+        if not inputs.do_sample:
+            return inputs.draft_token_ids == inputs.target_greedy_ids[:, :-1]
+        p = inputs.target_prob_of_drafts()
+        q = inputs.draft_prob_of_drafts()
+        return sample_uniform(p.shape, p.device, inputs.generator) * q < p
+
+    @staticmethod
+    def residual_token(inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
+        """`exact`'s token after a sampled rejection at `position`, shape `(batch,)`: a draw from norm(max(p − q, 0))."""
+        p = gather_rows(inputs.target_probs, position)
+        q = gather_rows(inputs.checked_draft_probs(), position).float()
+        return sample_categorical(residual_distribution(p, q), inputs.generator)
+
     @record_function("hf_semspec.verify")
     def verify(self, inputs: VerificationInput) -> VerificationResult:
         """Runs the rule on one round: first-rejection cut, rejection/bonus token. No host sync (the loop reads the

@@ -119,10 +119,7 @@ from .base import (
     AcceptanceRule,
     RuleConfig,
     VerificationInput,
-    gather_rows,
     register_rule,
-    residual_distribution,
-    sample_categorical,
     sample_uniform,
 )
 
@@ -340,7 +337,7 @@ class DropMatchRule(AcceptanceRule):
         config = self.config
         batch, gamma = inputs.draft_token_ids.shape
         device = inputs.target_logits.device
-        standard = self._standard_accept(inputs) if config.accept_target_matches else None
+        standard = self.standard_accept(inputs) if config.accept_target_matches else None
         # Masks for every position, drawn before any row is left out, so a row's masks (and verdict) do not depend
         # on which other rows are computed.
         keep = self.draw_masks(inputs).reshape(config.num_heads, batch * gamma, -1)
@@ -412,19 +409,7 @@ class DropMatchRule(AcceptanceRule):
         js_draft = js_divergence(q.float(), centroid)
         return (js_draft <= threshold) | (votes == most_votes)
 
-    @staticmethod
-    def _standard_accept(inputs: VerificationInput) -> torch.BoolTensor:
-        """What `exact` accepts: ŷ = argmax p when greedy; u·q(ŷ) < p(ŷ) when sampling."""
-        if not inputs.do_sample:
-            return inputs.draft_token_ids == inputs.target_greedy_ids[:, :-1]
-        p = inputs.target_prob_of_drafts()
-        q = inputs.draft_prob_of_drafts()
-        u = sample_uniform(p.shape, p.device, inputs.generator)
-        return u * q < p
-
     def rejection_token(self, inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
         if inputs.do_sample and self.config.accept_target_matches:
-            p = gather_rows(inputs.target_probs, position)
-            q = gather_rows(inputs.draft_probs, position).float()
-            return sample_categorical(residual_distribution(p, q), inputs.generator)
+            return self.residual_token(inputs, position)
         return self.target_token(inputs, position)

@@ -28,11 +28,7 @@ from .base import (
     AcceptanceRule,
     RuleConfig,
     VerificationInput,
-    gather_rows,
     register_rule,
-    residual_distribution,
-    sample_categorical,
-    sample_uniform,
 )
 
 
@@ -51,17 +47,9 @@ class ExactRule(AcceptanceRule):
     lossless = True
 
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
-        if not inputs.do_sample:
-            return inputs.draft_token_ids == inputs.target_greedy_ids[:, :-1]
-        p = inputs.target_prob_of_drafts()
-        q = inputs.draft_prob_of_drafts()
-        u = sample_uniform(p.shape, p.device, inputs.generator)
-        # u < p/q written without the division; q(x̂) > 0 for a token drawn from q.
-        return u * q < p
+        return self.standard_accept(inputs)
 
     def rejection_token(self, inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
         if not inputs.do_sample:
             return self.target_token(inputs, position)
-        p = gather_rows(inputs.target_probs, position)
-        q = gather_rows(inputs.draft_probs, position).float()
-        return sample_categorical(residual_distribution(p, q), inputs.generator)
+        return self.residual_token(inputs, position)

@@ -118,9 +118,7 @@ from .base import (
     VerificationInput,
     gather_rows,
     register_rule,
-    residual_distribution,
     sample_categorical,
-    sample_uniform,
 )
 
 ENTROPY_KINDS = ("top3", "normalized_full")
@@ -283,12 +281,7 @@ class FLyRule(AcceptanceRule):
 
     def standard_test(self, inputs: VerificationInput) -> torch.BoolTensor:
         """`exact`'s sampling test u·q(x̂) < p(x̂), shape `(batch, γ)`, with one uniform per draft drawn once per round."""
-        def draw() -> torch.BoolTensor:
-            p = inputs.target_prob_of_drafts()
-            q = inputs.draft_prob_of_drafts()
-            return sample_uniform(p.shape, p.device, inputs.generator) * q < p
-
-        return inputs.once("fly_standard_test", draw)
+        return inputs.once("fly_standard_test", lambda: self.standard_accept(inputs))
 
     def raw_acceptance(self, inputs: VerificationInput) -> torch.BoolTensor:
         """Δ, shape `(batch, γ)`: draft = target argmax (greedy); draft ∈ {y⁽¹⁾, y⁽²⁾} (sampling), or the standard
@@ -318,7 +311,5 @@ class FLyRule(AcceptanceRule):
         if not inputs.do_sample:
             return self.target_token(inputs, position)
         if self.config.sampling == "floor":
-            p = gather_rows(inputs.target_probs, position)
-            q = gather_rows(inputs.checked_draft_probs(), position).float()
-            return sample_categorical(residual_distribution(p, q), inputs.generator)
+            return self.residual_token(inputs, position)
         return gather_rows(self.target_samples(inputs)[..., 0], position)

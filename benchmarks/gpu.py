@@ -7,26 +7,32 @@
         --new-tokens 8 --prompt-length 8               # a smoke run (what tests/test_benchmark_gpu.py runs)
 
 Random weights decide nothing about acceptance, so the benchmark measures costs and prices them at the acceptance the
-reference pair really has. Steps, each written to `<output-dir>/gpu-<name>.{json,md}` as soon as it is done:
+reference pair really has. Three parts (`--parts`, all by default), each written to `<output-dir>/gpu-<name>.{json,md}`
+as soon as it is done; compilation takes most of a run (70-80 s a graph for a 28-layer model on an H100's host), so the
+compiled part compiles only what a user's call compiles:
 
-1. Costs, in ms (synchronized timers, median of `--repeats`): the draft's one-token step and the target's verify
-   forward at each γ of `--gammas`, eager and compiled (static caches, `compile_config`), and each rule's
-   verification at γ (`rule.verify` on random logits).
-2. Live tokens/s, batch 1: plain eager (transformers, dynamic cache), plain compiled (transformers' own static-cache
-   path), stock assisted (eager), and each rule eager and compiled, with the target's own weights as the draft (every
-   draft accepted: the best case) and with an independent draft of the draft's shape (`exact` only: nothing
-   accepted, the worst case); τ and the host's share of each round (round time less the measured costs).
-3. Modeled tokens/s at the reference pair's acceptance (`--acceptance`: the per-position acceptance of the
-   committed CPU runs on Spec-Bench and on GSM8K): per γ, E[tokens per round] / (γ·draft step + verify(γ) +
-   verification + the live runs' host overhead per round).
-4. Batched (`--batch-sizes`): plain batched decoding and batched `exact` (draft = the target's weights), live, and
-   batched `exact` modeled at the first reference acceptance (Spec-Bench) from the eager costs at that batch size.
+1. `eager`: costs in ms (synchronized timers, median of `--repeats`): the draft's and the target's one-token steps and
+   the target's verify forward at each γ of `--gammas` (dynamic caches), and each rule's verification at γ
+   (`rule.verify` on random logits); then live tokens/s at batch 1: plain decoding, stock assisted and every rule with
+   the target's own weights as the draft (every draft accepted: the best case), and `exact` with an independent draft
+   of the draft's shape (nothing accepted: the worst case).
+2. `batched` (`--batch-sizes`, eager, dynamic caches): plain batched decoding and batched `exact` (draft = the target's
+   weights), live, and batched `exact` modeled at the first reference acceptance from the eager costs at that size.
+3. `compiled` (static caches, `compile_config`): plain compiled decoding (transformers' own static-cache path) and every
+   rule with the independent draft, live. The compiled costs are read inside these runs: every forward of the loop is
+   timed by CUDA events (`ForwardTimes`), so the draft's step and the verify forward at γ cost no compilation of their
+   own; the verify forward is priced the same at every γ (measured flat, 3.7-3.9 ms for γ = 1-8, on an H100).
+
+Then speed is modeled at the reference pair's acceptance (`--acceptance`: the per-position acceptance of the committed
+CPU runs on Spec-Bench and on GSM8K): per γ, E[tokens per round] / (γ·draft step + verify(γ) + verification + the live
+`exact` runs' host time per round), against the live plain runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from contextlib import contextmanager, nullcontext
 import statistics
 import sys
 import time
@@ -36,11 +42,12 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM, StaticCache  # noqa: E402
+from transformers import CompileConfig, DynamicCache, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
 import hf_semspec  # noqa: E402
 from benchmarks import markdown, report  # noqa: E402
 from hf_semspec._transformers_compat import CACHE_ARGUMENT, rewind_cache  # noqa: E402
+from hf_semspec.model_calls import CachedModel  # noqa: E402
 from hf_semspec.rules import RULES, VerificationInput  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,9 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--gamma", type=int, default=5, help="draft tokens per round of the live runs")
     parser.add_argument("--gammas", default="1,2,3,4,5,6,8,12,16", help="γ at which verify forwards are timed (eager)")
-    parser.add_argument("--compiled-gammas", default="1,5,8",
-                        help="γ at which compiled verify forwards are timed (each is a compilation); others are "
-                             "interpolated linearly")
+    parser.add_argument("--parts", default="eager,batched,compiled",
+                        help="which parts to run: eager, batched, compiled (the docstring says what each does)")
     parser.add_argument("--rules", default=",".join(hf_semspec.available_rules()))
     parser.add_argument("--batch-sizes", default="1,8,32")
     parser.add_argument("--batch-new-tokens", type=int, default=128)
@@ -137,31 +143,67 @@ def compile_config(args) -> CompileConfig:
     return config
 
 
-def forward_costs(model, args, timer: Timer, batch_size: int, gammas: list[int], compiled) -> dict:
-    """ms of a forward over γ + 1 new tokens after a prompt of `--prompt-length`, for each γ in `gammas` (γ = 0: a
-    one-token step); with a static cache, and `compiled` forward if given (else the eager forward, dynamic cache)."""
+def forward_costs(model, args, timer: Timer, batch_size: int, gammas: list[int]) -> dict:
+    """ms of an eager forward over γ + 1 new tokens after a prompt of `--prompt-length` (dynamic cache), for each γ in
+    `gammas` (γ = 0: a one-token step)."""
     prompt = torch.randint(1, SHAPES[args.target]["vocab_size"], (batch_size, args.prompt_length), device=args.device)
     costs = {}
     with torch.no_grad():
         for gamma in gammas:
-            if compiled is not None:
-                cache = StaticCache(config=model.config, max_cache_len=args.prompt_length + gamma + 2)
-            else:
-                from transformers import DynamicCache
-                cache = DynamicCache(config=model.config)
+            cache = DynamicCache(config=model.config)
             model(prompt, use_cache=True, **{CACHE_ARGUMENT: cache})
             new = prompt[:, : gamma + 1]
             positions = torch.arange(args.prompt_length, args.prompt_length + gamma + 1, device=args.device)
-            call = compiled if compiled is not None else model
 
             def step():
-                out = call(input_ids=new, position_ids=positions.expand(batch_size, -1), use_cache=True,
-                           logits_to_keep=gamma + 1, **{CACHE_ARGUMENT: cache})
+                out = model(input_ids=new, position_ids=positions.expand(batch_size, -1), use_cache=True,
+                            logits_to_keep=gamma + 1, **{CACHE_ARGUMENT: cache})
                 out.logits.float()
                 rewind_cache(cache, gamma + 1)
 
             costs[gamma] = timer.median_ms(step, args.repeats)
     return costs
+
+
+class ForwardTimes:
+    """The device time of every forward the speculative loop makes (`CachedModel.forward`) while the context is open:
+    the costs of exactly the graphs a live run compiled, at no compilation of their own. CUDA events, read once the
+    runs are over (no sync inside the loop); wall time on a CPU. Draft steps keep one logit, verify forwards γ + 1."""
+
+    def __init__(self, device: str):
+        self.cuda = torch.device(device).type == "cuda"
+        self.calls: list[tuple[int, int, object, object]] = []  # (new tokens, logits kept, start, end)
+
+    def _mark(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    @contextmanager
+    def recording(self):
+        original = CachedModel.forward
+
+        def timed(runner, batch, end, num_logits, **kwargs):
+            new_tokens, start = end - runner.cached, self._mark()
+            logits = original(runner, batch, end, num_logits, **kwargs)
+            self.calls.append((new_tokens, num_logits, start, self._mark()))
+            return logits
+
+        CachedModel.forward = timed
+        try:
+            yield self
+        finally:
+            CachedModel.forward = original
+
+    def median_ms(self, new_tokens: int, num_logits: int) -> float | None:
+        """Median ms of the recorded forwards over `new_tokens` slots keeping `num_logits` logits (None if none)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        times = [start.elapsed_time(end) if self.cuda else (end - start) * 1e3
+                 for n, k, start, end in self.calls if n == new_tokens and k == num_logits]
+        return statistics.median(times) if times else None
 
 
 def interpolated(costs: dict[int, float], gamma: int) -> float:
@@ -202,11 +244,14 @@ def verification_costs(args, timer: Timer, rules: list[str], gamma: int, target)
 
 
 def live(target, draft, args, timer: Timer, method: str, rule: str | None = None, compiled: bool = False,
-         batch_size: int = 1, new_tokens: int | None = None) -> dict:
-    """One timed generation (after an untimed one that compiles what it needs)."""
+         batch_size: int = 1, new_tokens: int | None = None, times: ForwardTimes | None = None) -> dict:
+    """One timed generation (after an untimed one that compiles what it needs); `times` records the timed one's
+    forwards."""
     new_tokens = new_tokens or args.new_tokens
     vocab = SHAPES[args.target]["vocab_size"]
-    prompt = torch.randint(1, vocab, (batch_size, args.prompt_length), device=args.device)
+    # The same prompt for every method at a batch size, so that each run's text can be compared with plain decoding's.
+    generator = torch.Generator().manual_seed(args.seed * 1000 + batch_size)
+    prompt = torch.randint(1, vocab, (batch_size, args.prompt_length), generator=generator).to(args.device)
     common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     if compiled:
         common.update(cache_implementation="static", compile_config=compile_config(args))
@@ -226,10 +271,13 @@ def live(target, draft, args, timer: Timer, method: str, rule: str | None = None
                                    return_dict_in_generate=True, **common)
     with torch.no_grad():
         call()  # compiles, captures, allocates
-        out, seconds = timer.run(call)
+        with times.recording() if times is not None else nullcontext():
+            out, seconds = timer.run(call)
+    sequences = out if isinstance(out, torch.Tensor) else out.sequences
     record = {"method": method, "rule": rule, "compiled": compiled, "batch_size": batch_size,
               "new_tokens": new_tokens * batch_size, "seconds": seconds,
-              "tokens_per_s": new_tokens * batch_size / seconds}
+              "tokens_per_s": new_tokens * batch_size / seconds,
+              "text": sequences[:, args.prompt_length:].tolist()}
     stats = getattr(out, "acceptance_stats", None)
     if stats is not None:
         record.update(tau=stats.mean_accepted_length, rounds=stats.num_target_forwards,
@@ -271,16 +319,19 @@ def render(results: dict) -> str:
               f"{results['setup']['gamma']}, greedy, random weights.", ""]
     costs = results.get("costs")
     if costs:
+        # γ keys are ints in memory and strings once read back from the JSON
+        costs = {k: ({int(g): ms for g, ms in v.items()} if k.startswith("verify_") else v) for k, v in costs.items()}
         lines += ["## Costs (ms)", ""]
-        gammas = sorted(int(g) for g in costs["verify_eager"])
+        compiled = "verify_compiled" in costs  # absent while (or if) the compiled part has not run
+        gamma = results["setup"]["gamma"]
         rows = [[f"draft step ({results['setup']['draft']})", f"{costs['draft_step_eager']:.2f}",
-                 f"{costs['draft_step_compiled']:.2f}"],
-                [f"target step ({results['setup']['target']})", f"{costs['target_step_eager']:.2f}",
-                 f"{costs['target_step_compiled']:.2f}"]]
-        rows += [[f"verify γ = {g}", f"{costs['verify_eager'][g]:.2f}",
-                  f"{interpolated(costs['verify_compiled'], g):.2f}"]
-                 for g in gammas]
-        rows += [[f"verification `{name}` (γ = {results['setup']['gamma']})", f"{ms:.3f}", ""]
+                 f"{costs['draft_step_compiled']:.2f}" if compiled else "–"],
+                [f"target step ({results['setup']['target']})", f"{costs['target_step_eager']:.2f}", "–"]]
+        compiled_verify = costs.get("verify_compiled", {})
+        rows += [[f"verify γ = {g}"] + [f"{by_gamma[g]:.2f}" if g in by_gamma else "–"
+                                        for by_gamma in (costs["verify_eager"], compiled_verify)]
+                 for g in sorted(set(costs["verify_eager"]) | set(compiled_verify))]
+        rows += [[f"verification `{name}` (γ = {gamma})", f"{ms:.3f}", ""]
                  for name, ms in costs["verification"].items()]
         lines += markdown.table(["", "eager", "compiled"], rows) + [""]
     records = results.get("live")
@@ -295,30 +346,48 @@ def render(results: dict) -> str:
                          f"{r['tokens_per_s']:.1f}", f"{r['tau']:.2f}" if "tau" in r else "–",
                          f"{r['tokens_per_s'] / plain_eager:.2f}×" if plain_eager else "–",
                          f"{r['tokens_per_s'] / plain_compiled:.2f}×" if plain_compiled else "–",
-                         f"{r['overhead_ms']:.2f}" if "overhead_ms" in r else "–"])
+                         f"{r['overhead_ms']:.2f}" if "overhead_ms" in r else "–",
+                         f"{r['agrees_with_plain']:.0%}" if "agrees_with_plain" in r else "–"])
         lines += markdown.table(["method", "draft", "", "tok/s", "τ", "of plain eager", "of plain compiled",
-                                 "host ms / round"], rows) + [""]
+                                 "host ms / round", "text as plain's*"], rows)
+        lines += ["", "\\* the share of new tokens before the first difference from plain decoding's text (same "
+                  "mode, same prompt); bf16 rounding can part greedy texts at a near tie of random weights.", ""]
     for set_name, entry in results.get("modeled", {}).items():
         lines += [f"## Modeled at the reference pair's acceptance: {set_name}", "", entry["source"] + ".", ""]
-        gammas = sorted(entry["eager"])
-        rows = [[str(g), f"{entry['eager'][g]:.1f}", f"{entry['compiled'][g]:.1f}"] for g in gammas]
-        lines += markdown.table(["γ", "eager tok/s", "compiled tok/s"], rows) + [""]
-        for mode in ("eager", "compiled"):
+        modes = [m for m in ("eager", "compiled") if m in entry]
+        per_mode = {m: {int(g): v for g, v in entry[m].items()} for m in modes}  # string keys once read from JSON
+        gammas = sorted({g for m in modes for g in per_mode[m]})
+        rows = [[str(g)] + [f"{per_mode[m][g]:.1f}" if g in per_mode[m] else "–" for m in modes] for g in gammas]
+        lines += markdown.table(["γ"] + [f"{m} tok/s" for m in modes], rows) + [""]
+        for mode in modes:
             best = entry[f"best_{mode}"]
-            lines.append(f"- {mode}: best γ = {best['gamma']}, {best['tokens_per_s']:.1f} tok/s, "
-                         f"{best['of_plain_eager']:.2f}× plain eager, {best['of_plain_compiled']:.2f}× plain "
-                         "compiled.")
+            ratios = [f"{best[f'of_plain_{m}']:.2f}× plain {m}" for m in ("eager", "compiled")
+                      if best.get(f"of_plain_{m}") is not None]
+            lines.append(f"- {mode}: best γ = {best['gamma']}, {best['tokens_per_s']:.1f} tok/s, {', '.join(ratios)}.")
         lines.append("")
     batched = results.get("batched")
     if batched:
         lines += ["## Batched (eager, dynamic caches)", ""]
         rows = [[str(b["batch_size"]), f"{b['plain_tokens_per_s']:.1f}", f"{b['exact_tokens_per_s']:.1f}",
                  f"{b['exact_tokens_per_s'] / b['plain_tokens_per_s']:.2f}×",
-                 f"{b['modeled_exact_tokens_per_s']:.1f}", f"{b['modeled_exact_tokens_per_s'] / b['plain_tokens_per_s']:.2f}×"]
+                 f"{b['modeled_exact_tokens_per_s']:.1f}", f"{b['modeled_exact_tokens_per_s'] / b['plain_tokens_per_s']:.2f}×",
+                 f"{b['exact_agrees_with_plain']:.0%}"]
                 for b in batched]
         lines += markdown.table(["B", "plain tok/s", "`exact` tok/s (all accepted)", "of plain",
-                                 "`exact` modeled at the reference acceptance", "of plain"], rows) + [""]
+                                 "`exact` modeled at the reference acceptance", "of plain", "text as plain's*"],
+                                rows) + [""]
     return "\n".join(lines)
+
+
+def agreement(record: dict, reference: dict) -> float:
+    """The share of new tokens that `record`'s rows keep before their first difference from `reference`'s (plain
+    decoding, same prompt): 1.0 where the texts are equal. In bf16 a verify forward over γ + 1 tokens and a one-token
+    step round differently, and random weights give near-flat logits, so greedy texts may part on a near tie."""
+    shares = []
+    for row, plain_row in zip(record["text"], reference["text"]):
+        same = next((i for i, (a, b) in enumerate(zip(row, plain_row)) if a != b), min(len(row), len(plain_row)))
+        shares.append(same / max(len(plain_row), 1))
+    return sum(shares) / len(shares)
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -332,92 +401,131 @@ def main(argv: list[str] | None = None) -> dict:
     unknown = sorted(set(rules) - set(hf_semspec.available_rules()))
     if unknown:
         raise SystemExit(f"--rules: unknown {unknown}; allowed {hf_semspec.available_rules()}")
+    parts = [p for p in args.parts.split(",") if p]
+    if not parts or set(parts) - {"eager", "batched", "compiled"}:
+        raise SystemExit(f"--parts: {args.parts!r}; allowed a comma-separated subset of eager,batched,compiled")
     acceptance_sets = json.loads(args.acceptance.read_text(encoding="utf-8"))["sets"]
     machine = report.machine_info()
     if torch.device(args.device).type == "cuda":
         machine["device_name"] = torch.cuda.get_device_name(args.device)
     results = {"setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "machine": machine}
+               "machine": machine, "step_seconds": {}}
     started = time.perf_counter()
-
     target = random_model(args.target, dtype, args.device, args.seed)
     independent = random_model(args.draft, dtype, args.device, args.seed + 1)
-    config = compile_config(args)
+    records = results["live"] = []
+    plain_text = {}
 
-    # 1. Costs.
-    gammas, compiled_gammas = ints(args.gammas), ints(args.compiled_gammas)
-    draft_compiled = independent.get_compiled_call(config)
-    target_compiled = target.get_compiled_call(config)
+    def add(record: dict) -> dict:
+        """A live record, its text compared with plain decoding's of the same mode, then dropped."""
+        key = (record["compiled"], record["new_tokens"])
+        if record["method"] == "plain":
+            plain_text[key] = record
+        elif key in plain_text:
+            record["agrees_with_plain"] = agreement(record, plain_text[key])
+        records.append({k: v for k, v in record.items() if k != "text"})
+        return records[-1]
+
+    def done(part: str, since: float) -> float:
+        results["step_seconds"][part] = time.perf_counter() - since
+        write(args, results)
+        return time.perf_counter()
+
+    # Eager costs (cheap: no compilation); every part prices its rounds with them.
+    step_started = time.perf_counter()
     results["costs"] = costs = {
-        "draft_step_eager": forward_costs(independent, args, timer, 1, [0], None)[0],
-        "draft_step_compiled": forward_costs(independent, args, timer, 1, [0], draft_compiled)[0],
-        "target_step_eager": forward_costs(target, args, timer, 1, [0], None)[0],
-        "target_step_compiled": forward_costs(target, args, timer, 1, [0], target_compiled)[0],
-        "verify_eager": forward_costs(target, args, timer, 1, gammas, None),
-        "verify_compiled": forward_costs(target, args, timer, 1, compiled_gammas, target_compiled),
+        "draft_step_eager": forward_costs(independent, args, timer, 1, [0])[0],
+        "target_step_eager": forward_costs(target, args, timer, 1, [0])[0],
+        "verify_eager": forward_costs(target, args, timer, 1, ints(args.gammas)),
         "verification": verification_costs(args, timer, rules, args.gamma, target),
     }
-    write(args, results)
+    step_started = done("costs_eager", step_started)
+    spec_rules = [r for r in rules if not RULES.get(r).redistributes_draft]  # rdk needs a pruned drafter with a kernel
 
-    # 2. Live, batch 1.
-    records = results["live"] = []
-    for compiled in (False, True):
-        records.append(live(target, None, args, timer, "plain", compiled=compiled))
-    records.append({**live(target, target, args, timer, "stock"), "draft": "target's weights"})
-    for compiled in (False, True):
-        for rule in rules:
-            if RULES.get(rule).redistributes_draft:
-                continue  # needs a pruned drafter with a kernel (benchmarks/pruned_drafters.py)
-            records.append({**live(target, target, args, timer, "semspec", rule, compiled), "draft": "target's weights"})
-        records.append({**live(target, independent, args, timer, "semspec", "exact", compiled,
-                               new_tokens=max(8, args.new_tokens // 4)), "draft": "independent"})
-        write(args, results)
+    # 1. Live, batch 1, eager.
+    if "eager" in parts:
+        add(live(target, None, args, timer, "plain"))
+        add({**live(target, target, args, timer, "stock"), "draft": "target's weights"})
+        for rule in spec_rules:
+            add({**live(target, target, args, timer, "semspec", rule), "draft": "target's weights"})
+        add({**live(target, independent, args, timer, "semspec", "exact", new_tokens=max(8, args.new_tokens // 4)),
+             "draft": "independent"})
+        step_started = done("eager", step_started)
+
+    # 2. Batched (eager, dynamic caches).
+    if "batched" in parts:
+        results["batched"] = batched = []
+        reference = next(iter(acceptance_sets.values()))["per_position_acceptance"]
+        for batch_size in ints(args.batch_sizes):
+            plain_b = live(target, None, args, timer, "plain", batch_size=batch_size, new_tokens=args.batch_new_tokens)
+            exact_b = live(target, target, args, timer, "semspec", "exact", batch_size=batch_size,
+                           new_tokens=args.batch_new_tokens)
+            step = forward_costs(independent, args, timer, batch_size, [0])[0]
+            target_step = forward_costs(target, args, timer, batch_size, [0])[0]
+            verify = forward_costs(target, args, timer, batch_size, [args.gamma])
+            overhead = max(exact_b["round_ms"] - args.gamma * target_step - verify[args.gamma]
+                           - costs["verification"]["exact"], 0.0)
+            model_b = modeled(reference, step, verify, costs["verification"]["exact"], overhead, [args.gamma],
+                              batch_size)
+            batched.append({"batch_size": batch_size, "plain_tokens_per_s": plain_b["tokens_per_s"],
+                            "exact_tokens_per_s": exact_b["tokens_per_s"], "exact_tau": exact_b["tau"],
+                            "exact_agrees_with_plain": agreement(exact_b, plain_b),
+                            "draft_step_ms": step, "target_step_ms": target_step, "verify_ms": verify[args.gamma],
+                            "overhead_ms": overhead,
+                            "modeled_exact_tokens_per_s": model_b.get(args.gamma, float("nan"))})
+            write(args, results)
+        step_started = done("batched", step_started)
+
+    # 3. Live, batch 1, compiled: plain decoding, then every rule with the independent draft, each run's forwards
+    # timed (the first rule's give the compiled costs: the draft's step and the verify forward at γ).
+    if "compiled" in parts:
+        add(live(target, None, args, timer, "plain", compiled=True))
+        for rule in spec_rules:
+            times = ForwardTimes(args.device)
+            record = add({**live(target, independent, args, timer, "semspec", rule, compiled=True, times=times),
+                          "draft": "independent"})
+            record["draft_step_ms"] = times.median_ms(1, 1)
+            record["verify_ms"] = times.median_ms(args.gamma + 1, args.gamma + 1)
+            if "draft_step_compiled" not in costs and None not in (record["draft_step_ms"], record["verify_ms"]):
+                costs["draft_step_compiled"] = record["draft_step_ms"]
+                costs["verify_compiled"] = {args.gamma: record["verify_ms"]}
+            write(args, results)
+        step_started = done("compiled", step_started)
+
+    # The host's share of each live speculative round: its time less the draft steps, verify and verification.
     for r in records:
-        if "round_ms" in r:  # the host's share of a round: its time less the draft steps, verify and verification
-            mode = "compiled" if r["compiled"] else "eager"
-            step = costs[f"target_step_{mode}" if r["draft"] == "target's weights" else f"draft_step_{mode}"]
-            r["overhead_ms"] = r["round_ms"] - (args.gamma * step + interpolated(costs[f"verify_{mode}"], args.gamma)
-                                                + costs["verification"][r["rule"]])
+        if "round_ms" not in r:
+            continue
+        mode = "compiled" if r["compiled"] else "eager"
+        if f"verify_{mode}" not in costs:
+            continue
+        step = costs[f"draft_step_{mode}"] if r["draft"] == "independent" else costs["target_step_eager"]
+        r["overhead_ms"] = r["round_ms"] - (args.gamma * step + interpolated(costs[f"verify_{mode}"], args.gamma)
+                                            + costs["verification"][r["rule"]])
 
-    # 3. Modeled at the reference acceptance (overhead: the live `exact` runs' host share per round).
+    # Modeled at the reference acceptance, for each mode whose plain run and costs were measured (host time: the
+    # live `exact` run's per round: the target drafting for itself eager, the independent draft compiled).
     plain = {r["compiled"]: r["tokens_per_s"] for r in records if r["method"] == "plain"}
     results["modeled"] = model = {}
     for set_name, reference in acceptance_sets.items():
         acceptance = reference["per_position_acceptance"]
-        model[set_name] = entry = {"source": reference["source"]}
+        entry = {"source": reference["source"]}
         for compiled, mode in ((False, "eager"), (True, "compiled")):
+            if compiled not in plain or f"verify_{mode}" not in costs:
+                continue
             overhead = next((r["overhead_ms"] for r in records if r.get("rule") == "exact"
-                             and r["compiled"] == compiled and r.get("draft") == "target's weights"), 0.0)
+                             and r["compiled"] == compiled and "overhead_ms" in r
+                             and r["draft"] == ("independent" if compiled else "target's weights")), 0.0)
             per_gamma = modeled(acceptance, costs[f"draft_step_{mode}"], costs[f"verify_{mode}"],
                                 costs["verification"]["exact"], max(overhead, 0.0),
                                 list(range(1, len(acceptance) + 1)))
             entry[mode] = per_gamma
             best = max(per_gamma, key=per_gamma.get)
             entry[f"best_{mode}"] = {"gamma": best, "tokens_per_s": per_gamma[best],
-                                     "of_plain_eager": per_gamma[best] / plain[False],
-                                     "of_plain_compiled": per_gamma[best] / plain[True]}
-    write(args, results)
-
-    # 4. Batched.
-    results["batched"] = batched = []
-    for batch_size in ints(args.batch_sizes):
-        plain_b = live(target, None, args, timer, "plain", batch_size=batch_size, new_tokens=args.batch_new_tokens)
-        exact_b = live(target, target, args, timer, "semspec", "exact", batch_size=batch_size,
-                       new_tokens=args.batch_new_tokens)
-        step = forward_costs(independent, args, timer, batch_size, [0], None)[0]
-        target_step = forward_costs(target, args, timer, batch_size, [0], None)[0]
-        verify = forward_costs(target, args, timer, batch_size, [args.gamma], None)
-        overhead = max(exact_b["round_ms"] - args.gamma * target_step - verify[args.gamma]
-                       - costs["verification"]["exact"], 0.0)
-        reference = next(iter(acceptance_sets.values()))["per_position_acceptance"]
-        model_b = modeled(reference, step, verify, costs["verification"]["exact"], overhead, [args.gamma],
-                          batch_size)
-        batched.append({"batch_size": batch_size, "plain_tokens_per_s": plain_b["tokens_per_s"],
-                        "exact_tokens_per_s": exact_b["tokens_per_s"], "exact_tau": exact_b["tau"],
-                        "draft_step_ms": step, "target_step_ms": target_step, "verify_ms": verify[args.gamma],
-                        "overhead_ms": overhead,
-                        "modeled_exact_tokens_per_s": model_b.get(args.gamma, float("nan"))})
-        write(args, results)
+                                     "of_plain_eager": per_gamma[best] / plain[False] if False in plain else None,
+                                     "of_plain_compiled": per_gamma[best] / plain[True] if True in plain else None}
+        if "eager" in entry or "compiled" in entry:
+            model[set_name] = entry
     results["seconds"] = time.perf_counter() - started
     write(args, results)
     print(render(results))

@@ -19,7 +19,8 @@ The baseline is `--baseline` (default: the run's `exact` at its default length: 
 two runs. Writes `<output-dir>/<name>.md` and `.json` (default `benchmarks/results/`).
 
     # greedy, 100 problems in 10 slices (see benchmarks/README.md for the run command), then:
-    python -m benchmarks.fidelity benchmarks/results/fidelity-greedy-*.json --name fidelity-greedy
+    python -m benchmarks.fidelity benchmarks/results/fidelity/fidelity-greedy-*-*.json \
+        --output-dir benchmarks/results/fidelity --name fidelity-greedy
 """
 
 from __future__ import annotations

@@ -168,7 +168,9 @@ def forward_costs(model, args, timer: Timer, batch_size: int, gammas: list[int])
 class ForwardTimes:
     """The device time of every forward the speculative loop makes (`CachedModel.forward`) while the context is open:
     the costs of exactly the graphs a live run compiled, at no compilation of their own. CUDA events, read once the
-    runs are over (no sync inside the loop); wall time on a CPU. Draft steps keep one logit, verify forwards γ + 1."""
+    runs are over (no sync inside the loop); wall time on a CPU. Draft steps keep one logit, verify forwards γ + 1.
+    Not `metrics.ForwardMeter`: its module hooks would run inside a compiled forward, and it reads the host's clock
+    without a sync, which on a GPU times kernel launches, not kernels."""
 
     def __init__(self, device: str):
         self.cuda = torch.device(device).type == "cuda"

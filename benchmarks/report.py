@@ -115,6 +115,13 @@ def render_markdown(results: dict) -> str:
         f"- Wall time of the run: {results['timing']['total_s']:.0f} s (timed generations "
         f"{results['timing']['timed_generations_s']:.0f} s).",
     ]
+    resumed = results["timing"].get("resumed")
+    if resumed:
+        lines.append(
+            f"- Resumed (`--resume`): {resumed['prompts']} of {len(results['selection']['prompt_ids'])} prompts ran in "
+            f"an earlier process (commit {', '.join(c[:12] for c in resumed['commits'])}), every method of a prompt "
+            "in the same process; the machine, versions and wall time above are the last process's, the timed "
+            "generations all of them.")
     merged = results.get("merged")
     if merged:
         drift = merged["plain_speed_added_over_base"]

@@ -9,7 +9,9 @@
 Methods (all in one run, on the same prompts, interleaved per prompt in a rotating order): `plain` (the target
 alone), `stock_assisted` (transformers' assisted generation with the same draft) and `semspec:<rule>` for every
 acceptance rule registered when the run starts (rules that cannot run with this draft are skipped with the reason).
-Writes <output-dir>/<name>.json (everything), .md (tables) and .png (plot, if matplotlib is installed).
+Writes <output-dir>/<name>.json (everything), .md (tables) and .png (plot, if matplotlib is installed). While it
+runs, every finished prompt is saved to <name>.json.partial: a run stopped before its end continues with the same
+command line plus --resume.
 """
 
 from __future__ import annotations
@@ -198,6 +200,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-breakdown", action=argparse.BooleanOptionalAction, default=None,
                    help="profile each method's warm-up run on the first prompt (default: on in quick, off in full)")
     p.add_argument("--output-dir", type=Path, default=DEFAULT_OUTPUT_DIR, help="default: benchmarks/results/")
+    p.add_argument("--resume", action="store_true",
+                   help="continue a run that was stopped before its end: every prompt it finished (all methods) was "
+                        "saved to <output-dir>/<name>.json.partial, and only the others run now, with the same command "
+                        "line plus --resume. A draft-length policy that learns starts afresh at the resumed prompt")
     p.add_argument("--name", default=None,
                    help="output file stem (default: the profile, plus -<pair> for a pair other than qwen)")
     p.add_argument("--cache-dir", default=None, help="model cache (default: $HF_SEMSPEC_CACHE or ~/.cache/hf_semspec)")
@@ -339,11 +345,20 @@ def warm_up_and_profile(method_list, pair, prompt, inputs, meters, eos_ids, args
     return warmups, breakdowns
 
 
-def timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args) -> list[dict]:
-    """Step 6: for each prompt, every method once, in a rotating order. A failure raises (no prompt is skipped)."""
+def timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args, checkpoint: Checkpoint,
+               saved: dict[str, dict], commit: str | None) -> list[dict]:
+    """Step 6: for each prompt, every method once, in a rotating order; each finished prompt is saved to `checkpoint`,
+    and those in `saved` (finished by an earlier process) are taken from it instead of run. A failure raises (no prompt
+    is skipped)."""
     records = []
     bar = tqdm(total=len(prompts) * len(method_list), desc="generations", unit="gen")
     for index, prompt in enumerate(prompts):
+        if prompt.prompt_id in saved:
+            records += saved[prompt.prompt_id]["records"]
+            bar.update(len(method_list))
+            continue
+        start = time.perf_counter()
+        prompt_records = []
         # Greedy runs are seeded too: dropmatch draws its dropout masks in greedy decoding as well.
         seed = args.seed + index
         for order, method in enumerate(methods_lib.rotated(method_list, index)):
@@ -354,10 +369,63 @@ def timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args) -> li
             if prompt.gold is not None:
                 predicted = metrics.parse_final_number(record["text"])
                 record["gsm8k"] = {"gold": prompt.gold, "predicted": predicted, "correct": predicted == prompt.gold}
-            records.append(record)
+            prompt_records.append(record)
             bar.update(1)
+        checkpoint.save(prompt.prompt_id, prompt_records, time.perf_counter() - start, commit)
+        records += prompt_records
     bar.close()
     return records
+
+
+class Checkpoint:
+    """The timed loop's records, saved prompt by prompt to `<output-dir>/<name>.json.partial`, so that a run stopped
+    before its end (a long run on a shared machine, a session's end) loses at most the prompt it was on. `--resume`
+    runs only the prompts the file lacks; the finished run deletes it.
+
+    The file holds what the run measures (its options and prompts, `key`): resuming with others is refused, since the
+    saved records would not be comparable with the new ones. Each saved prompt keeps every method's record, the seconds
+    its generations took and the commit that ran them. The file is replaced whole on each save (write, then rename):
+    a kill mid-save leaves the previous version.
+    """
+
+    IGNORED_OPTIONS = ("resume", "output_dir")  # they do not change what a record measures
+
+    def __init__(self, path: Path, args: argparse.Namespace, prompt_ids: list[str]):
+        self.path = path
+        options = {k: v for k, v in vars(args).items() if k not in self.IGNORED_OPTIONS}
+        self.key = json.loads(json.dumps({"options": options, "prompt_ids": prompt_ids}, default=str))
+        self.prompts: dict[str, dict] = {}
+
+    def open(self, resume: bool) -> dict[str, dict]:
+        """The prompts saved by an earlier process ({prompt_id: {"records", "seconds", "commit"}}), with `resume`;
+        without it, refuses to start over a saved run (it would be overwritten)."""
+        if not resume:
+            if self.path.exists():
+                raise ValueError(f"{self.path} holds the prompts an earlier run of this name finished before it "
+                                 "stopped. Fix: add --resume to continue it, or delete the file (or pass another "
+                                 "--name) to start over.")
+            return {}
+        if not self.path.exists():
+            raise ValueError(f"--resume: there is no {self.path} to continue (a finished run deletes it; its results "
+                             "are the .json beside it). Fix: drop --resume to start the run.")
+        saved = json.loads(self.path.read_text(encoding="utf-8"))
+        if saved["key"] != self.key:
+            differ = sorted(k for k in set(saved["key"]["options"]) | set(self.key["options"])
+                            if saved["key"]["options"].get(k) != self.key["options"].get(k))
+            if saved["key"]["prompt_ids"] != self.key["prompt_ids"]:
+                differ.append("the prompts selected")
+            raise ValueError(f"--resume: {self.path} was saved by a run with other settings ({', '.join(differ)}); "
+                             "its records would not compare with this run's. Fix: resume with the command line that "
+                             "started it, or delete the file to start over.")
+        self.prompts = saved["prompts"]
+        return dict(self.prompts)
+
+    def save(self, prompt_id: str, records: list[dict], seconds: float, commit: str | None) -> None:
+        self.prompts[prompt_id] = {"records": records, "seconds": seconds, "commit": commit}
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        staging = self.path.with_name(self.path.name + ".tmp")
+        markdown.write_json(staging, {"key": self.key, "prompts": self.prompts})
+        staging.replace(self.path)
 
 
 def output_stem(args: argparse.Namespace) -> str:
@@ -393,6 +461,11 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     if not prompts:
         raise ValueError("no prompts selected: check --limit / --gsm8k / the prompts file")
     print(f"Prompts: {selection_summary}", flush=True)
+    checkpoint = Checkpoint(args.output_dir / f"{output_stem(args)}.json.partial", args, [p.prompt_id for p in prompts])
+    saved = checkpoint.open(args.resume)
+    if saved:
+        print(f"Resuming: {len(saved)} of {len(prompts)} prompts were finished by an earlier process "
+              f"({checkpoint.path.name}); running the other {len(prompts) - len(saved)}.", flush=True)
 
     # 2. Models.
     load_start = time.perf_counter()
@@ -469,8 +542,10 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
 
             # 6. The timed loop.
             loop_start = time.perf_counter()
-            records = timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args)
-            loop_s = time.perf_counter() - loop_start
+            records = timed_loop(method_list, pair, prompts, encoded, meters, eos_ids, args, checkpoint, saved,
+                                 machine["git"]["commit"])
+            # the earlier processes' generations count too
+            loop_s = time.perf_counter() - loop_start + sum(p["seconds"] for p in saved.values())
     finally:
         gc.unfreeze()
         hf_semspec.detach(pair.target)
@@ -495,7 +570,9 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
                       "prompt_tokens": dict(zip([p.prompt_id for p in prompts], prompt_tokens))},
         "timing": {"load_s": load_s, "timed_generations_s": loop_s, "estimate_s": estimate,
                    "estimate_from_warmup_s": refined, "warmup_speed_factor": speed_factor,
-                   "total_s": time.perf_counter() - run_start},
+                   "total_s": time.perf_counter() - run_start,
+                   "resumed": {"prompts": len(saved), "commits": sorted({str(p["commit"]) for p in saved.values()})}
+                   if saved else None},
         "breakdown": breakdowns,
         "warmup": {name: {k: w[k] for k in ("new_tokens", "wall_s", "tokens_per_s", "tau")}
                    for name, w in warmups.items()},
@@ -508,6 +585,7 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     text = report.render_markdown(results)
     (args.output_dir / f"{stem}.md").write_text(text, encoding="utf-8")
     plotted = report.write_plot(args.output_dir / f"{stem}.png", results)
+    checkpoint.path.unlink(missing_ok=True)  # the results hold every record now
     print("\n" + text)
     written = [f"{stem}.json", f"{stem}.md"] + ([f"{stem}.png"] if plotted else [])
     print(f"Wrote {', '.join(written)} to {args.output_dir} "

@@ -763,6 +763,60 @@ def test_a_failing_generation_fails_the_run(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 
+def test_a_stopped_run_resumes_from_its_saved_prompts_and_gives_the_uninterrupted_records(tmp_path, monkeypatch):
+    """Stopped on the second prompt, a run keeps the first in <name>.json.partial; --resume runs only the second, and
+    the results hold the same records (greedy: the same tokens) as a run that was never stopped."""
+    write_tiny_data(tmp_path / "data")
+    common = ["--data-dir", str(tmp_path / "data"), "--rules", "exact,dropmatch", "--skip-stock",
+              "--max-new-tokens", "8", "--gsm8k", "0", "--limit", "2", "--no-profile-breakdown", "--threads", "1"]
+    with thread_count_kept():
+        whole = run.main(common + ["--output-dir", str(tmp_path / "whole")], load_pair=tiny_pair)
+
+    real = methods.generate
+    calls = []
+
+    def stopping(method, pair, inputs, *args, **kwargs):  # 1 tiny call + 3 warm-ups + 3 methods on prompt 1
+        calls.append(method.name)
+        if len(calls) == 8:
+            raise KeyboardInterrupt  # what a session's end or Ctrl-C does to a run
+        return real(method, pair, inputs, *args, **kwargs)
+
+    out = tmp_path / "out"
+    argv = common + ["--output-dir", str(out)]
+    monkeypatch.setattr(methods, "generate", stopping)
+    with thread_count_kept(), pytest.raises(KeyboardInterrupt):
+        run.main(argv, load_pair=tiny_pair)
+    first_prompt = whole["selection"]["prompt_ids"][0]
+    saved = json.loads((out / "quick.json.partial").read_text())
+    assert list(saved["prompts"]) == [first_prompt] and len(saved["prompts"][first_prompt]["records"]) == 3
+    assert not (out / "quick.json").exists()
+
+    with thread_count_kept():
+        with pytest.raises(ValueError, match=r"quick.json.partial holds the prompts .* Fix: add --resume"):
+            run.main(argv, load_pair=tiny_pair)  # no silent start-over
+        with pytest.raises(ValueError, match=r"other settings \(max_new_tokens\).* Fix: resume with the command line"):
+            run.main(argv + ["--resume", "--max-new-tokens", "6"], load_pair=tiny_pair)
+        calls.clear()
+
+        def counting(method, *args, **kwargs):
+            calls.append(method.name)
+            return real(method, *args, **kwargs)
+
+        monkeypatch.setattr(methods, "generate", counting)
+        resumed = run.main(argv + ["--resume"], load_pair=tiny_pair)
+    assert len(calls) == 1 + 3 + 3  # tiny call, warm-ups, and the second prompt only
+    assert not (out / "quick.json.partial").exists()
+    assert resumed["timing"]["resumed"]["prompts"] == 1
+
+    def tokens(results):
+        return [(r["prompt_id"], r["method"], r["new_token_ids"]) for r in results["records"]]
+
+    assert tokens(resumed) == tokens(whole)
+    assert "- Resumed (`--resume`): 1 of 2 prompts ran in an earlier process" in (out / "quick.md").read_text()
+    with thread_count_kept(), pytest.raises(ValueError, match=r"--resume: there is no .*quick.json.partial"):
+        run.main(argv + ["--resume"], load_pair=tiny_pair)
+
+
 def test_cli_help_runs_as_a_script():
     result = subprocess.run([sys.executable, "benchmarks/run.py", "--help"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=300)

@@ -817,6 +817,21 @@ def test_a_stopped_run_resumes_from_its_saved_prompts_and_gives_the_uninterrupte
         run.main(argv + ["--resume"], load_pair=tiny_pair)
 
 
+def test_a_shorter_warm_up_leaves_the_timed_generations_their_budget(tmp_path):
+    write_tiny_data(tmp_path / "data")
+    argv = ["--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--rules", "exact",
+            "--skip-stock", "--max-new-tokens", "8", "--gsm8k", "0", "--limit", "2", "--threads", "1",
+            "--warmup-max-new-tokens", "3"]
+    with thread_count_kept():
+        with pytest.raises(ValueError, match=r"--warmup-max-new-tokens 3 with the time breakdown on .* Fix: add "
+                                             r"--no-profile-breakdown"):
+            run.main(argv, load_pair=tiny_pair)
+        results = run.main(argv + ["--no-profile-breakdown"], load_pair=tiny_pair)
+    assert {w["new_tokens"] for w in results["warmup"].values()} == {3}
+    assert {r["max_new_tokens"] for r in results["records"]} == {8}
+    assert max(r["new_tokens"] for r in results["records"]) > 3
+
+
 def test_cli_help_runs_as_a_script():
     result = subprocess.run([sys.executable, "benchmarks/run.py", "--help"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=300)

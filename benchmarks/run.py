@@ -392,7 +392,8 @@ class Checkpoint:
     a kill mid-save leaves the previous version.
     """
 
-    IGNORED_OPTIONS = ("resume", "output_dir")  # they do not change what a record measures
+    # they do not change what a timed record measures (the last two act on the warm-up only)
+    IGNORED_OPTIONS = ("resume", "output_dir", "warmup_max_new_tokens", "profile_breakdown")
 
     def __init__(self, path: Path, args: argparse.Namespace, prompt_ids: list[str]):
         self.path = path
@@ -526,9 +527,11 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
             # the timed loop plus the warm-up, which runs every method on the first prompt
             warmup_budget = min(budgets[0], args.warmup_max_new_tokens or budgets[0])
             warmup_estimate = estimate_seconds(prompt_tokens[:1], [warmup_budget], len(method_list), rates)
-            estimate = estimate_seconds(prompt_tokens, budgets, len(method_list), rates) + warmup_estimate
-            print(f"Plan: {len(prompts)} prompts x {len(method_list)} methods = {len(prompts) * len(method_list)} "
-                  f"timed generations ({sum(prompt_tokens)} prompt tokens, up to {sum(budgets)} new tokens per "
+            to_run = [i for i, p in enumerate(prompts) if p.prompt_id not in saved]  # all but a resumed run's saved
+            run_tokens, run_budgets = [prompt_tokens[i] for i in to_run], [budgets[i] for i in to_run]
+            estimate = estimate_seconds(run_tokens, run_budgets, len(method_list), rates) + warmup_estimate
+            print(f"Plan: {len(to_run)} prompts x {len(method_list)} methods = {len(to_run) * len(method_list)} "
+                  f"timed generations ({sum(run_tokens)} prompt tokens, up to {sum(run_budgets)} new tokens per "
                   f"method). Estimate: <= {estimate / 60:.1f} min (assuming {rates['decode']} tok/s plain decoding, "
                   f"prefill at {rates['prefill']} tok/s (target) and {rates['draft_prefill']} tok/s "
                   f"({args.draft_dtype} draft), no speed-up).", flush=True)

@@ -392,14 +392,21 @@ class Checkpoint:
     a kill mid-save leaves the previous version.
     """
 
-    # they do not change what a timed record measures (the last two act on the warm-up only)
-    IGNORED_OPTIONS = ("resume", "output_dir", "warmup_max_new_tokens", "profile_breakdown")
+    # They do not change what a timed record measures: where files are (another checkout resumes too; the prompts are
+    # compared by id), and the warm-up's options.
+    IGNORED_OPTIONS = ("resume", "output_dir", "data_dir", "cache_dir", "warmup_max_new_tokens", "profile_breakdown")
 
     def __init__(self, path: Path, args: argparse.Namespace, prompt_ids: list[str]):
         self.path = path
-        options = {k: v for k, v in vars(args).items() if k not in self.IGNORED_OPTIONS}
-        self.key = json.loads(json.dumps({"options": options, "prompt_ids": prompt_ids}, default=str))
+        self.key = self._compared({"options": vars(args), "prompt_ids": prompt_ids})
         self.prompts: dict[str, dict] = {}
+
+    @classmethod
+    def _compared(cls, key: dict) -> dict:
+        """`key` as JSON holds it, without the options that do not count (on both sides: a file saved before an option
+        joined IGNORED_OPTIONS still resumes)."""
+        options = {k: v for k, v in key["options"].items() if k not in cls.IGNORED_OPTIONS}
+        return json.loads(json.dumps({"options": options, "prompt_ids": key["prompt_ids"]}, default=str))
 
     def open(self, resume: bool) -> dict[str, dict]:
         """The prompts saved by an earlier process ({prompt_id: {"records", "seconds", "commit"}}), with `resume`;
@@ -414,10 +421,11 @@ class Checkpoint:
             raise ValueError(f"--resume: there is no {self.path} to continue (a finished run deletes it; its results "
                              "are the .json beside it). Fix: drop --resume to start the run.")
         saved = json.loads(self.path.read_text(encoding="utf-8"))
-        if saved["key"] != self.key:
-            differ = sorted(k for k in set(saved["key"]["options"]) | set(self.key["options"])
-                            if saved["key"]["options"].get(k) != self.key["options"].get(k))
-            if saved["key"]["prompt_ids"] != self.key["prompt_ids"]:
+        saved_key = self._compared(saved["key"])
+        if saved_key != self.key:
+            differ = sorted(k for k in set(saved_key["options"]) | set(self.key["options"])
+                            if saved_key["options"].get(k) != self.key["options"].get(k))
+            if saved_key["prompt_ids"] != self.key["prompt_ids"]:
                 differ.append("the prompts selected")
             raise ValueError(f"--resume: {self.path} was saved by a run with other settings ({', '.join(differ)}); "
                              "its records would not compare with this run's. Fix: resume with the command line that "

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 import subprocess
 import sys
 from contextlib import contextmanager
@@ -796,6 +797,9 @@ def test_a_stopped_run_resumes_from_its_saved_prompts_and_gives_the_uninterrupte
             run.main(argv, load_pair=tiny_pair)  # no silent start-over
         with pytest.raises(ValueError, match=r"other settings \(max_new_tokens\).* Fix: resume with the command line"):
             run.main(argv + ["--resume", "--max-new-tokens", "6"], load_pair=tiny_pair)
+        moved = tmp_path / "moved-data"  # another checkout: the same prompts elsewhere resume
+        shutil.copytree(tmp_path / "data", moved)
+        argv[argv.index(str(tmp_path / "data"))] = str(moved)
         calls.clear()
 
         def counting(method, *args, **kwargs):

@@ -10,7 +10,8 @@ What a relaxed rule is for is more speed than `exact` for almost no accuracy. Th
 - τ: new tokens / target forwards (ratio of sums), tok/s: new tokens / wall seconds (ratio of sums);
 - speed-up over the baseline: the per-problem ratio of tokens/s against the baseline's *in the same run* (the
   methods of a run are interleaved per problem, so machine drift hits both), summarized by its geometric mean and
-  median; a slice run therefore has to include the baseline;
+  median, and the geometric mean's 95% interval, geomean · exp(±1.96 · sd(ln ratio) / sqrt(n)), which says whether
+  a target such as 1.15× is resolved by the problems run; a slice run therefore has to include the baseline;
 - identical: the fraction of outputs token-identical to the baseline's (greedy: how often a rule left plain's text,
   since `exact`'s greedy text is plain decoding's).
 
@@ -156,18 +157,21 @@ def render(report: dict) -> str:
         + ", ".join(f"`{name}`" for name in report["runs"]) + ".",
         f"- Flips are paired with `{baseline}` on the same problem and seed: `+` the method is right and the baseline "
         "wrong, `−` the reverse. Speed-up: per-problem tokens/s over the baseline's in the same run (geometric mean / "
-        "median). τ = new tokens per target forward.",
+        "median); the 95% interval is the geometric mean's, from the spread of the per-problem ratios. τ = new "
+        "tokens per target forward.",
         "",
     ]
     rows = []
     for method, s in report["methods"].items():
         speed = s["speedup_vs_baseline"]
+        interval = "–" if speed["ci95"] is None else f"{speed['ci95'][0]:.2f}–{speed['ci95'][1]:.2f}"
         rows.append([f"`{method}`", str(s["problems"]), f"{s['accuracy']:.3f} ({s['correct']})",
                      f"+{s['flips_won']} / −{s['flips_lost']}", f"{s['net_flips']:+d} ({s['net_flips_per_100']:+.1f})",
                      f"{s['tau']:.2f}", f"{s['tokens_per_s']:.2f}",
-                     f"{speed['geomean']:.2f}× / {speed['median']:.2f}×", f"{s['identical_to_baseline']:.2f}"])
+                     f"{speed['geomean']:.3f}× / {speed['median']:.2f}×", interval,
+                     f"{s['identical_to_baseline']:.2f}"])
     lines += markdown.table(["method", "n", "accuracy (correct)", "flips vs baseline", "net (per 100)", "τ", "tok/s",
-                             "speed-up vs baseline", "identical"], rows)
+                             "speed-up vs baseline", "95% interval", "identical"], rows)
     return "\n".join(lines) + "\n"
 
 

@@ -5,7 +5,8 @@
 - `ForwardMeter`: counts (and times) the forward calls of a model with hooks, so τ = new tokens / target forwards is
   counted the same way for plain (τ = 1 by construction), stock assisted and hf_semspec.
 - `parse_final_number`: the final number of a model's GSM8K answer.
-- `ratio_summary` / `aggregate`: per-prompt speed-up ratios summarized by median and geometric mean.
+- `ratio_summary` / `aggregate`: per-prompt speed-up ratios summarized by median and geometric mean (with the
+  geomean's standard error and 95% interval).
 - `fit_round_costs` / `modeled_tokens_per_s`: a cost model fitted on the run's own timings, so that draft-length
   policies can be compared without the timing noise of a shared machine (see `fit_round_costs`).
 """
@@ -187,17 +188,30 @@ def geometric_mean(values: Sequence[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
+def log_standard_error(ratios: Sequence[float]) -> float | None:
+    """The standard error of ln(geometric mean) of per-prompt ratios: sd(ln r) / sqrt(n), which for small values is
+    the relative error of the geometric mean; None under two ratios."""
+    if len(ratios) < 2:
+        return None
+    return statistics.stdev(math.log(r) for r in ratios) / math.sqrt(len(ratios))
+
+
 def ratio_summary(ratios: Sequence[float]) -> dict | None:
     """Median and geometric mean of per-prompt ratios (the geomean is the right mean of ratios: a 2× and a 0.5×
-    average to 1×), with min/max/n; None when there are none."""
+    average to 1×), with min/max/n, the standard error of ln(geomean) (`log_se`) and the normal 95% interval of the
+    geomean it gives, geomean · exp(±1.96 · log_se) (`ci95`, None under two ratios); None when there are none."""
     if not ratios:
         return None
+    geomean = geometric_mean(ratios)
+    error = log_standard_error(ratios)
     return {
         "median": statistics.median(ratios),
-        "geomean": geometric_mean(ratios),
+        "geomean": geomean,
         "min": min(ratios),
         "max": max(ratios),
         "n": len(ratios),
+        "log_se": error,
+        "ci95": None if error is None else [geomean * math.exp(-1.96 * error), geomean * math.exp(1.96 * error)],
     }
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 from pathlib import Path
 
@@ -91,9 +90,8 @@ def categories_of(results: dict) -> dict[str, str]:
 def log_ratio(policy: dict[str, float], reference: dict[str, float], prompts: list[str]) -> tuple[float, float | None]:
     """(exp(mean x), sd(x) / sqrt(n)) of x_p = ln(policy_p / reference_p) over `prompts`; the error is None for one
     prompt."""
-    logs = [math.log(policy[p] / reference[p]) for p in prompts]
-    error = statistics.stdev(logs) / math.sqrt(len(logs)) if len(logs) > 1 else None
-    return math.exp(statistics.fmean(logs)), error
+    ratios = [policy[p] / reference[p] for p in prompts]
+    return metrics.geometric_mean(ratios), metrics.log_standard_error(ratios)
 
 
 def best_fixed(values: dict[str, dict[str, float]], fixed: list[str], prompts: list[str]) -> str:

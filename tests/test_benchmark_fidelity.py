@@ -50,6 +50,9 @@ def test_flips_accuracy_tau_and_speedup_on_worked_records():
     assert (exact["accuracy"], exact["net_flips"], exact["speedup_vs_baseline"]["geomean"]) == (0.5, 0, 1.0)
     text = fidelity.render(report)
     assert "| `semspec:fly` | 4 | 0.500 (2) | +1 / −1 | +0 (+0.0) | 2.35 |" in text
+    assert "| 1.000× / 1.00× | 1.00–1.00 | 1.00 |" in text  # exact against itself: every ratio 1, no spread
+    low, high = rule["speedup_vs_baseline"]["ci95"]
+    assert low < (2 * 1 * 1.5 * 0.5) ** 0.25 < high and f"| {low:.2f}–{high:.2f} | 0.75 |" in text
 
 
 def test_sampling_seeds_pair_on_problem_and_seed():

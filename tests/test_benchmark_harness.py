@@ -124,6 +124,18 @@ def test_ratio_summary_worked_numbers():
         metrics.geometric_mean([1.0, 0.0])
 
 
+def test_ratio_summary_interval_worked_numbers():
+    """ln of e and 1/e are ±1: their mean is 0 (geomean 1), their sd sqrt(2), so the standard error of ln(geomean)
+    is sqrt(2) / sqrt(2) = 1 and the 95% interval exp(±1.96); one ratio has no spread, hence no interval."""
+    s = metrics.ratio_summary([math.e, 1 / math.e])
+    assert s["geomean"] == pytest.approx(1.0) and s["log_se"] == pytest.approx(1.0)
+    assert s["ci95"] == pytest.approx([math.exp(-1.96), math.exp(1.96)])
+    s = metrics.ratio_summary([1.2, 1.2, 1.2])
+    assert s["log_se"] == pytest.approx(0.0) and s["ci95"] == pytest.approx([1.2, 1.2])
+    s = metrics.ratio_summary([1.5])
+    assert s["log_se"] is None and s["ci95"] is None
+
+
 def _record(prompt_id, method, new_tokens, wall_s, forwards, category="qa", ids=None, acceptance=None, gsm8k=None):
     return {
         "prompt_id": prompt_id, "category": category, "method": method, "new_tokens": new_tokens, "wall_s": wall_s,

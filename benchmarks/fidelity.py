@@ -153,7 +153,8 @@ def render(report: dict) -> str:
         f"- Target `{report['models']['target']}`, draft `{report['models']['draft']}` "
         f"({report['models'].get('target_dtype')} / {report['models'].get('draft_dtype')}); "
         f"max_new_tokens {report['max_new_tokens']}; {len(problems)} problems"
-        + (f", seeds {', '.join(map(str, seeds))}" if report["sample"] else "") + f", {len(report['runs'])} run(s): "
+        + (f" with seed{'s' if len(seeds) > 1 else ''} {', '.join(map(str, seeds))}" if report["sample"] else "")
+        + f"; {len(report['runs'])} run{'s' if len(report['runs']) > 1 else ''}: "
         + ", ".join(f"`{name}`" for name in report["runs"]) + ".",
         f"- Flips are paired with `{baseline}` on the same problem and seed: `+` the method is right and the baseline "
         "wrong, `−` the reverse. Speed-up: per-problem tokens/s over the baseline's in the same run (geometric mean / "

@@ -27,7 +27,9 @@ import torch
 from hf_semspec.stats import AcceptanceStats
 
 # The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
-PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
+# The lists of `AcceptanceStats` kept per round (and a batch's τ per row): optional in files written before them,
+# left out of summaries over prompts.
+PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round", "mean_accepted_length_per_row")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards

@@ -59,12 +59,16 @@ class DecodingBatch:
         self.num_slots = length
         self.tokens = input_ids.new_zeros(batch_size, max(token_capacity, length))
         self.tokens[:, :length] = input_ids
+        # Each row's length in the token layout, as the host knows it (the tokens its output has kept).
         self.lengths = [length] * batch_size
-        self.lengths_t = torch.full((batch_size,), length, dtype=torch.long, device=device)
+        # On the device, where each row's drafts of the next round go in `tokens`: its length, counted without a
+        # host read (a row cut short by a stop gets its host length back when it finishes).
+        self.draft_starts = torch.full((batch_size,), length, dtype=torch.long, device=device)
         self.rows = list(range(batch_size))  # the caller's index of each row still here
-        # A finished row that stays for the caches' fixed shape: `live[r]` False on the host, `alive[r]` 0 on the device.
-        self.live = [True] * batch_size
-        self.alive = torch.ones(batch_size, dtype=torch.long, device=device)
+        # Whether each row is still decoding (a finished row stays for a static cache's fixed shape), on the host;
+        # and, on the device, the mask value its new slots get: 1 while it decodes, 0 once it finished.
+        self.decoding = [True] * batch_size
+        self.new_slot_mask = torch.ones(batch_size, dtype=torch.long, device=device)
 
     @property
     def size(self) -> int:
@@ -117,8 +121,8 @@ class DecodingBatch:
         tokens (where processors and stopping criteria read it)."""
         slot = self.num_slots + index
         self.ids[:, slot] = token
-        self.mask[:, slot] = self.alive
-        self.tokens.scatter_(1, (self.lengths_t + index)[:, None], token[:, None])
+        self.mask[:, slot] = self.new_slot_mask
+        self.tokens.scatter_(1, (self.draft_starts + index)[:, None], token[:, None])
 
     def prefix(self, row: int, extra: int) -> torch.LongTensor:
         """Row `row`'s tokens and its first `extra` drafts, `(1, lengths[row] + extra)`."""
@@ -139,16 +143,16 @@ class DecodingBatch:
         """
         best = max(accepted)
         start = self.num_slots
-        self.tokens.scatter_(1, (self.lengths_t + num_accepted)[:, None], next_token[:, None])
+        self.tokens.scatter_(1, (self.draft_starts + num_accepted)[:, None], next_token[:, None])
         self.lengths = [length + k for length, k in zip(self.lengths, kept)]
         # On the device without a copy from the host (which would wait for the GPU): a row that goes on kept all its
         # accepted drafts and the next token; a row cut short finishes this round, and a finished row stops growing.
-        self.lengths_t += (num_accepted + 1) * self.alive
+        self.draft_starts += (num_accepted + 1) * self.new_slot_mask
         if best:
             valid = torch.arange(best, device=self.device)[None, :] < num_accepted[:, None]
-            self.mask[:, start : start + best] = valid.long() * self.alive[:, None]
+            self.mask[:, start : start + best] = valid.long() * self.new_slot_mask[:, None]
         self.ids[:, start + best] = next_token
-        self.mask[:, start + best] = self.alive
+        self.mask[:, start + best] = self.new_slot_mask
         self.mask[:, start + best + 1 :] = 0  # the drafts no row accepted, past the new last slot
         self.masked = self.masked or min(accepted) < best
         self.num_slots = start + best + 1
@@ -156,24 +160,24 @@ class DecodingBatch:
     def finish(self, row_index: int) -> None:
         """Row `row_index` (an index into the current rows) is done and stays for the shape (static caches): its new
         slots are masked out."""
-        self.live[row_index] = False
-        self.alive[row_index] = 0
+        self.decoding[row_index] = False
+        self.new_slot_mask[row_index] = 0
         # Its device length counted every accepted draft; a stop cut it to `lengths` on the host. Later rounds still
         # write this row's drafts after it, which must stay within the buffer `reserve_tokens` sized from `lengths`.
-        self.lengths_t[row_index] = self.lengths[row_index]
+        self.draft_starts[row_index] = self.lengths[row_index]
         self.masked = True
 
     def room(self, max_length: int) -> int:
-        """The most tokens a live row may still add before `max_length`."""
-        return max(max_length - length for length, live in zip(self.lengths, self.live) if live)
+        """The most tokens a row still decoding may add before `max_length`."""
+        return max(max_length - length for length, decoding in zip(self.lengths, self.decoding) if decoding)
 
     def keep_rows(self, indices: list[int]) -> torch.LongTensor:
         """Keeps only the rows at `indices` (dynamic caches: finished rows leave); returns them as a device tensor for
         the caches' `batch_select_indices`."""
         index = torch.tensor(indices, dtype=torch.long, device=self.device)
         self.ids, self.mask, self.tokens = self.ids[index], self.mask[index], self.tokens[index]
-        self.alive, self.lengths_t = self.alive[index], self.lengths_t[index]
+        self.new_slot_mask, self.draft_starts = self.new_slot_mask[index], self.draft_starts[index]
         self.lengths = [self.lengths[i] for i in indices]
-        self.live = [self.live[i] for i in indices]
+        self.decoding = [self.decoding[i] for i in indices]
         self.rows = [self.rows[i] for i in indices]
         return index

@@ -50,7 +50,7 @@ from ._transformers_compat import (
 from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .draft_length.base import UNSET_LENGTH_FALLBACK
-from .drafting import ModelDrafter
+from .drafting import DraftBlock, ModelDrafter
 from .errors import invalid_value
 from .model_calls import CachedModel, capture_lm_head_input
 from .processors import BatchProcessors
@@ -84,11 +84,6 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
     """Rejects what the speculative loop does not support, before any forward pass."""
     unsupported = {
         "num_beams": (generation_config.num_beams, 1, "beam search is not speculative; remove num_beams"),
-        "num_return_sequences": (
-            generation_config.num_return_sequences,
-            1,
-            "call generate() once per sequence, or drop assistant_model for plain sampling",
-        ),
         "output_attentions": (generation_config.output_attentions, False, "remove output_attentions=True"),
         "output_hidden_states": (generation_config.output_hidden_states, False, "remove output_hidden_states=True"),
         "use_cache": (generation_config.use_cache, True, "speculative decoding needs the KV cache: use_cache=True"),
@@ -254,16 +249,19 @@ def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
 _COMPILED_FORWARDS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
-def round_budget(wanted: int, room: int, free_slots: int, holes: bool) -> int:
+def round_budget(wanted: int, room: int, free_slots: int | None, holes: bool) -> int:
     """The drafts a round may make: what the policy `wanted`, less than the `room` (tokens) the row with the most
-    left may still add (a round adds up to γ + 1), and within the `free_slots` of static caches. A batch on static
-    caches (`holes`) also keeps a slot for each further round the slowest row may need: a round takes up to γ + 1
-    slots but may give a row a single token, so after this round's γ + 1 slots the slowest row's `room − 1` further
-    tokens may take `room − 1` rounds of one slot each (the verify forward of a round writes the slot before its
-    first draft: the last of them writes the caches' last slot when γ = free_slots − room + 1)."""
-    budget = min(wanted, room - 1, free_slots)
-    if holes:
-        budget = min(budget, free_slots - room + 1)
+    left may still add (a round adds up to γ + 1), and, on static caches, within their `free_slots` (`None`: dynamic
+    caches, which grow to fit the round, so only the policy and the room cap it). A batch on static caches (`holes`)
+    also keeps a slot for each further round the slowest row may need: a round takes up to γ + 1 slots but may give
+    a row a single token, so after this round's γ + 1 slots the slowest row's `room − 1` further tokens may take
+    `room − 1` rounds of one slot each (the verify forward of a round writes the slot before its first draft: the
+    last of them writes the caches' last slot when γ = free_slots − room + 1)."""
+    budget = min(wanted, room - 1)
+    if free_slots is not None:
+        budget = min(budget, free_slots)
+        if holes:
+            budget = min(budget, free_slots - room + 1)
     return max(0, budget)
 
 
@@ -291,7 +289,12 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
 
     The forwards are compiled where transformers' `generate()` would compile the target's (`compile_config`,
     `disable_compile`, a GPU or `compile_config._compile_all_devices`; `compiles_forward`), each model judged on its
-    own device. A rule that reads the target's hidden states (a forward hook) keeps the target's forward eager."""
+    own device. A rule that reads the target's hidden states (a forward hook) keeps the target's forward eager.
+
+    A target split over several devices (tensor parallelism: `DTensor` parameters) has its forward compiled with
+    `dynamic=False`, one graph per verify shape: torch (2.13) fails to trace a `DTensor` forward once it turns a
+    shape symbolic ("unhashable type: non-nested SymInt" in the sharded embedding), which it does when the verify
+    forward's γ + 1 changes between rounds."""
     if _has_sliding_layers(target_cache):
         raise invalid_value(
             "cache_implementation", "static",
@@ -322,7 +325,16 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
     compile_config = generation_config.compile_config
     compiled_target = None
     if not capture_hidden and compiles_forward(model, target_cache, generation_config):
-        compiled_target = compiled_forward(model, compile_config)
+        target_compile_config = compile_config
+        if torch.distributed.is_available():
+            import copy
+
+            from torch.distributed.tensor import DTensor
+
+            if any(isinstance(parameter, DTensor) for parameter in model.parameters()):
+                target_compile_config = copy.copy(compile_config or CompileConfig())  # keeps `_compile_all_devices`
+                target_compile_config.dynamic = False
+        compiled_target = compiled_forward(model, target_compile_config)
     compiled_draft = None
     if compiles_forward(assistant_model, draft_cache, generation_config):
         compiled_draft = compiled_forward(assistant_model, compile_config)
@@ -346,12 +358,12 @@ def speculative_decode(
 
     Args:
         input_ids (`torch.LongTensor` of shape `(batch, prompt_length)`): the prompts, left-padded (`attention_mask`
-            in `model_kwargs`).
+            in `model_kwargs`); with `num_return_sequences`, already repeated by transformers.
         logits_processor / stopping_criteria / generation_config: as prepared by `GenerationMixin.generate`.
         assistant_model (`PreTrainedModel`): the draft model.
         rule (`AcceptanceRule`): decides which drafts are kept (`acceptance=`).
-        draft_length (`DraftLengthPolicy`): decides how many tokens to draft each round (`draft_length=`), one length
-            for all rows.
+        draft_length (`DraftLengthPolicy`): decides how many tokens to draft per round (`draft_length=`), one length
+            for all rows; it learns from each round once (`_round_outcome`).
         streamer (`BaseStreamer`, *optional*): receives each round's new tokens.
         model_kwargs: the target's cache (`cache`, or `past_key_values` before transformers 5.24), `attention_mask`,
             and non-tensor forward options.
@@ -361,98 +373,20 @@ def speculative_decode(
         `torch.LongTensor` of shape `(batch, total_length)`, rows that ended early padded with the pad token.
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
-    check_generation_config(generation_config, input_ids, rule)
-    batch_size = input_ids.shape[0]
-    processors = BatchProcessors(logits_processor, batch_size)
-    target_cache = model_kwargs[CACHE_ARGUMENT]
-    static = generation_config.cache_implementation == "static"
-    if not static and not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
-        raise invalid_value(
-            CACHE_ARGUMENT, type(target_cache).__name__,
-            "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one; "
-            "cache_implementation='static' for a static one)",
-            f"pass {CACHE_ARGUMENT}=DynamicCache(...) or leave it out",
-        )
-    attention_mask = model_kwargs.get("attention_mask")
-    cached = target_cache.get_seq_length() if not static else 0
-    mask_length = passed_mask_length(generation_config, attention_mask, input_ids.shape[1])
-    if cached or mask_length != input_ids.shape[1]:
-        # transformers can restart from a cache with only the new ids and a full mask; the loop (and the draft, which
-        # fills its own cache from the ids) needs the whole sequence, as a continuation from a returned cache has.
-        if cached >= input_ids.shape[1] or mask_length != input_ids.shape[1]:
-            raise invalid_value(
-                "input_ids",
-                f"{input_ids.shape[1]} tokens with a {CACHE_ARGUMENT} of {cached} and an attention_mask of "
-                f"{mask_length}",
-                "the whole sequence with an acceptance rule: the tokens the cache holds, then at least one more, and "
-                "a mask of the same length",
-                f"pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a {CACHE_ARGUMENT} "
-                "returned by generate() holds all of out.sequences but the last token)",
-            )
-        if batch_size != 1:
-            raise invalid_value(
-                CACHE_ARGUMENT, f"a cache of {cached} tokens", "none with several prompts",
-                "continue one prompt at a time from a returned cache",
-            )
-    if streamer is not None and batch_size != 1:
-        raise invalid_value(
-            "streamer", type(streamer).__name__, "None with several prompts (a streamer follows one sequence)",
-            "drop the streamer, or call generate() once per prompt",
-        )
-    forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
-    do_sample = bool(generation_config.do_sample)
-    eos_ids, max_length, called_stopping_criteria = _split_stopping_criteria(
-        stopping_criteria, generation_config.max_length
-    )
-    capture_hidden = rule.requires_target_hidden_states
-    if static:
-        capacity, target_cache, draft_cache, compiled_target, compiled_draft = _static_caches(
-            model, assistant_model, target_cache, generation_config, input_ids, max_length,
-            _typical_length(draft_length), capture_hidden,
-        )
-    else:
-        target_cache.activate_past_recording()  # sliding-window / linear-attention layers must be able to roll back
-        capacity, draft_cache, compiled_target, compiled_draft = input_ids.shape[1] + 64, None, None, None
-    batch = DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static)
-    target = CachedModel(model, target_cache, compiled=compiled_target, static=static)
-    target.cached = cached
-    drafter = ModelDrafter(
-        assistant_model,
-        processors,
-        do_sample=do_sample and not rule.greedy_drafts,
-        return_probs=do_sample or rule.requires_draft_probs,
-        output_device=input_ids.device,
-        vocab_size=model.config.get_text_config().vocab_size,
-        redistribute=rule.redistributes_draft,
-        stop_token_ids=frozenset(eos_ids),
-        cache=draft_cache,
-        compiled=compiled_draft,
-    )
-    if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
-        for field, cache in (("model", target_cache), ("assistant_model", drafter.cache)):
-            if _has_sliding_layers(cache):
-                raise invalid_value(
-                    "input_ids.shape[0] (batch size)", batch_size,
-                    f"1 when {field} has sliding-window layers (a batch keeps rejected drafts in the caches as masked "
-                    "slots, which a sliding window would count against its width)",
-                    "call generate() once per prompt",
-                )
-    lm_head = model.get_output_embeddings() if capture_hidden else None
-    return_dict = generation_config.return_dict_in_generate
-    records = [_RowRecord(AcceptanceStats(), [], []) for _ in range(batch_size)]
-    keep_scores = return_dict and generation_config.output_scores
-    keep_logits = return_dict and generation_config.output_logits
+    loop = _Loop.set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
+                        rule, draft_length, streamer, model_kwargs)
+    batch, target, drafter = loop.batch, loop.target, loop.drafter
     first_round = True  # its forwards also prefill the prompt
-    draft_length.set_deferred_window(rule.deferred_window)
 
     while batch.rows:
         round_start = time.perf_counter()
 
-        # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens, and the
-        #    row with the most room left must stay within max_length (and the slots within a static cache); a
-        #    per-token policy may stop earlier.
-        budget = round_budget(draft_length.max_tokens(), batch.room(max_length),
-                              batch.slot_capacity - batch.num_slots, holes=static and batch_size > 1)
+        # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens and the
+        #    row with the most room left must stay within max_length (and, on static caches, within their slots);
+        #    dynamic buffers grow first. A per-token policy may stop earlier.
+        budget = round_budget(draft_length.max_tokens(), batch.room(loop.max_length),
+                              batch.slot_capacity - batch.num_slots if loop.static else None,
+                              holes=loop.static and batch.size > 1)
         batch.reserve(batch.num_slots + budget)
         batch.reserve_tokens(max(batch.lengths) + budget + 1)
         draft = drafter.draft(batch, budget, draft_length)
@@ -460,79 +394,37 @@ def speculative_decode(
 
         # 2. One target forward over the unseen slots and the drafts: logits for the γ + 1 verified positions.
         target_logits, hidden = _target_forward(
-            target, batch, batch.num_slots + gamma, gamma + 1, capture_hidden, **forward_kwargs
+            target, batch, batch.num_slots + gamma, gamma + 1, loop.capture_hidden, **loop.forward_kwargs
         )
 
         # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
         with record_function("hf_semspec.logits_processors"):
-            processed = processors(batch, target_logits, 0)
+            processed = loop.processors(batch, target_logits, 0)
 
-        # 4. Verify.
-        result = rule.verify(
-            VerificationInput(
-                draft_token_ids=draft.tokens,
-                target_logits=processed,
-                draft_probs=draft.probs,
-                target_hidden_states=hidden,
-                lm_head_weight=None if lm_head is None else lm_head.weight,
-                lm_head_bias=None if lm_head is None else getattr(lm_head, "bias", None),
-                do_sample=do_sample,
-            )
-        )
+        # 4. Verify, each row as it would be alone (its own γ where max_length is nearer for it than for the batch).
+        inputs = loop.verification_input(draft, processed, hidden)
+        result = rule.verify(inputs)
 
-        # 5. The round's one host sync: accepted counts, next tokens and drafts of every row, to cut each row at EOS
-        #    / max_length (and the drafts that passed the rule's own test, for a draft-length policy, when the rule
-        #    has a deferred window); then other stopping criteria, on each prefix (calling them is the user's cost,
-        #    only when given).
+        # 5. The round's one host sync: accepted counts, next tokens and drafts of every row (and the drafts that
+        #    passed the rule's own test, when the rule has a deferred window); each row is cut at EOS, max_length and
+        #    other stopping criteria (`settle_row`), then the policy learns from the round.
         matched = [] if result.num_matched is None else [result.num_matched]
         synced = torch.cat([result.num_accepted, result.next_token, *matched, draft.tokens.flatten()]).tolist()
         size = batch.size
         accepted, next_tokens = synced[:size], synced[size : 2 * size]
         num_matched = synced[2 * size : 3 * size] if matched else [None] * size
         drafted = synced[(2 + len(matched)) * size :]
-        alive = batch.live
         seconds = time.perf_counter() - round_start
-        kept, finished = [], []
-        for i in range(size):
-            n, length = accepted[i], batch.lengths[i]
-            if not alive[i]:
-                kept.append(0)
-                continue
-            emitted = drafted[i * gamma : i * gamma + n] + [next_tokens[i]]
-            # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
-            # transformers lets set a max_length at or below the prompt's length).
-            keep = max(1, min(len(emitted), max_length - length))
-            eos_at = next((j for j, token in enumerate(emitted[:keep]) if token in eos_ids), None)
-            if eos_at is not None:
-                keep = eos_at + 1
-            stop_at = None
-            if called_stopping_criteria:
-                new_tokens = torch.cat([draft.tokens[i : i + 1, :n], result.next_token[i : i + 1, None]], dim=1)
-                stop_at = _first_stop(
-                    called_stopping_criteria, batch.prefix(i, 0), new_tokens[:, :keep],
-                    _scores_so_far(records[batch.rows[i]]) if keep_scores else None,
-                    processed[i : i + 1],
-                )
-            if stop_at is not None:
-                keep = stop_at + 1
-            kept.append(keep)
-            if eos_at is not None or stop_at is not None or length + keep >= max_length:
-                finished.append(i)
-            # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they
-            # do not count as accepted, even where the target agrees with them, and a round cut among its accepted
-            # drafts saw no rejection (`cut`: its tokens are `keep`, not accepted + 1). Rows share the round's time.
-            draft_length.observe(
-                RoundOutcome(
-                    gamma, min(n, keep), seconds / sum(alive), includes_prefill=first_round,
-                    num_matched=None if num_matched[i] is None else min(num_matched[i], keep), cut=keep <= n,
-                )
+        kept, finished, outcomes = [0] * size, [], []
+        for i in (i for i in range(size) if batch.decoding[i]):
+            kept[i], ends, outcome = loop.settle_row(
+                i, drafted[i * gamma : i * gamma + accepted[i]] + [next_tokens[i]], accepted[i], num_matched[i],
+                gamma, inputs.draft_limits, draft.tokens, result.next_token, processed, target_logits,
             )
-            record = records[batch.rows[i]]
-            record.stats.record_round(gamma, n, keep)
-            if keep_scores:
-                record.scores.extend(processed[i, :keep])
-            if keep_logits:
-                record.logits.extend(target_logits[i, :keep])
+            outcomes.append(outcome)
+            if ends:
+                finished.append(i)
+        draft_length.observe(_round_outcome(outcomes, gamma, seconds, first_round))
         first_round = False
 
         # 6. Append, stream, and roll both caches back to the slots the rows still need: through each row's accepted
@@ -541,18 +433,18 @@ def speculative_decode(
         batch.commit(result.num_accepted, result.next_token, accepted, kept)
         if streamer is not None:
             streamer.put(batch.prefix(0, 0)[:, -kept[0]:].cpu())
-        if batch_size == 1 and finished:
+        if size == 1 and finished:
             target.rewind(batch.lengths[0] - 1)
         else:
             target.rewind(batch.num_slots - 1)
 
         # 7. Finished rows leave (with a static cache they stay, masked, for its fixed shape).
         for i in finished:
-            records[batch.rows[i]].sequence = batch.prefix(i, 0)[0].clone()
-            if static:
+            loop.records[batch.rows[i]].sequence = batch.prefix(i, 0)[0].clone()
+            if loop.static:
                 batch.finish(i)
-        if static:
-            if not any(batch.live):
+        if loop.static:
+            if not any(batch.decoding):
                 break
         elif finished:
             index = batch.keep_rows([i for i in range(size) if i not in finished])
@@ -562,22 +454,232 @@ def speculative_decode(
 
     if streamer is not None:
         streamer.end()
-    if not static:
-        stop_past_recording(target_cache)
-    sequences = _padded(
-        [record.sequence for record in records], pad_token_id(generation_config, fallback=min(eos_ids, default=0))
-    )
-    if not return_dict:
-        return sequences
-    return SpeculativeDecoderOnlyOutput(
-        sequences=sequences,
-        scores=_step_outputs([r.scores for r in records]) if keep_scores else None,
-        logits=_step_outputs([r.logits for r in records]) if keep_logits else None,
-        # With several rows the caches hold holes and rows that left: nothing a continuation could use.
-        **{CACHE_ARGUMENT: target_cache if batch_size == 1 else None},
-        acceptance_stats=AcceptanceStats.of_batch([record.stats for record in records]),
-        acceptance_stats_per_row=[record.stats for record in records],
-    )
+    return loop.outputs(generation_config)
+
+
+def _round_outcome(rows: list[RoundOutcome], gamma: int, seconds: float, first_round: bool) -> RoundOutcome:
+    """The one outcome a round reports to the draft-length policy: that of its median row.
+
+    A round is one step for the policy, however many rows it verified, so that B identical rows take the rounds one
+    row takes. Its outcome is the row with the lower median accepted drafts among the rows still decoding (with that
+    row's `num_matched` and `cut`): a real row's round, which one row that met its EOS or a far-off prompt does not
+    swing as a mean would. `seconds` is the round's, for all its rows.
+    """
+    median = sorted(rows, key=lambda outcome: outcome.num_accepted)[(len(rows) - 1) // 2]
+    return RoundOutcome(gamma, median.num_accepted, seconds, includes_prefill=first_round,
+                        num_matched=median.num_matched, cut=median.cut)
+
+
+@dataclass
+class _Loop:
+    """What the set-up (step 0) prepares for the rounds, and the host's records of each row (the caller's order)."""
+
+    batch: DecodingBatch
+    target: CachedModel
+    drafter: ModelDrafter
+    processors: BatchProcessors
+    target_cache: Any
+    static: bool
+    max_length: int
+    eos_ids: set[int]
+    called_stopping_criteria: StoppingCriteriaList  # the criteria called on each prefix (not EOS, not max length)
+    capture_hidden: bool
+    lm_head: torch.nn.Module | None
+    do_sample: bool
+    forward_kwargs: dict
+    records: list[_RowRecord]
+    keep_scores: bool
+    keep_logits: bool
+
+    @classmethod
+    def set_up(cls, model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
+               rule: AcceptanceRule, draft_length: DraftLengthPolicy, streamer, model_kwargs: dict) -> "_Loop":
+        """Checks what the loop cannot run, then builds the caches (static ones for `cache_implementation="static"`),
+        the batch, both models' cached forwards and the drafter."""
+        check_generation_config(generation_config, input_ids, rule)
+        batch_size = input_ids.shape[0]
+        target_cache = model_kwargs[CACHE_ARGUMENT]
+        static = generation_config.cache_implementation == "static"
+        if not static and not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
+            raise invalid_value(
+                CACHE_ARGUMENT, type(target_cache).__name__,
+                "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one; "
+                "cache_implementation='static' for a static one)",
+                f"pass {CACHE_ARGUMENT}=DynamicCache(...) or leave it out",
+            )
+        attention_mask = model_kwargs.get("attention_mask")
+        cached = 0 if static else target_cache.get_seq_length()
+        _check_continuation(generation_config, input_ids, attention_mask, cached)
+        if streamer is not None and batch_size != 1:
+            raise invalid_value(
+                "streamer", type(streamer).__name__, "None with several prompts (a streamer follows one sequence)",
+                "drop the streamer, or call generate() once per prompt",
+            )
+        forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
+        do_sample = bool(generation_config.do_sample)
+        eos_ids, max_length, called_stopping_criteria = _split_stopping_criteria(
+            stopping_criteria, generation_config.max_length
+        )
+        capture_hidden = rule.requires_target_hidden_states
+        if static:
+            capacity, target_cache, draft_cache, compiled_target, compiled_draft = _static_caches(
+                model, assistant_model, target_cache, generation_config, input_ids, max_length,
+                _typical_length(draft_length), capture_hidden,
+            )
+        else:
+            target_cache.activate_past_recording()  # sliding-window / linear-attention layers must roll back
+            capacity, draft_cache, compiled_target, compiled_draft = input_ids.shape[1] + 64, None, None, None
+        processors = BatchProcessors(logits_processor, batch_size)
+        target = CachedModel(model, target_cache, compiled=compiled_target, static=static)
+        target.cached = cached
+        drafter = ModelDrafter(
+            assistant_model,
+            processors,
+            do_sample=do_sample and not rule.greedy_drafts,
+            return_probs=do_sample or rule.requires_draft_probs,
+            output_device=input_ids.device,
+            vocab_size=model.config.get_text_config().vocab_size,
+            redistribute=rule.redistributes_draft,
+            stop_token_ids=frozenset(eos_ids),
+            cache=draft_cache,
+            compiled=compiled_draft,
+        )
+        if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
+            for field, cache in (("model", target_cache), ("assistant_model", drafter.cache)):
+                if _has_sliding_layers(cache):
+                    raise invalid_value(
+                        "input_ids.shape[0] (batch size)", batch_size,
+                        f"1 when {field} has sliding-window layers (a batch keeps rejected drafts in the caches as "
+                        "masked slots, which a sliding window would count against its width)",
+                        "call generate() once per prompt",
+                    )
+        draft_length.set_deferred_window(rule.deferred_window)
+        return_dict = generation_config.return_dict_in_generate
+        return cls(
+            batch=DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static),
+            target=target,
+            drafter=drafter,
+            processors=processors,
+            target_cache=target_cache,
+            static=static,
+            max_length=max_length,
+            eos_ids=eos_ids,
+            called_stopping_criteria=called_stopping_criteria,
+            capture_hidden=capture_hidden,
+            lm_head=model.get_output_embeddings() if capture_hidden else None,
+            do_sample=do_sample,
+            forward_kwargs=forward_kwargs,
+            records=[_RowRecord(AcceptanceStats(), [], []) for _ in range(batch_size)],
+            keep_scores=bool(return_dict and generation_config.output_scores),
+            keep_logits=bool(return_dict and generation_config.output_logits),
+        )
+
+    def verification_input(self, draft: DraftBlock, processed: torch.FloatTensor,
+                           hidden: torch.FloatTensor | None) -> VerificationInput:
+        """The rule's inputs for this round. A row whose `max_length` is nearer than the batch's longest row's (whose
+        room set γ) may use only the drafts it would have made alone (`draft_limit`), so that its text, and the
+        draws of a rule that keeps state per row (`row_ids`), are the ones it gets alone."""
+        gamma = draft.num_tokens
+        limits = [min(gamma, max(0, self.max_length - length - 1)) for length in self.batch.lengths]
+        short = any(limit < gamma for limit, decoding in zip(limits, self.batch.decoding) if decoding)
+        return VerificationInput(
+            draft_token_ids=draft.tokens,
+            target_logits=processed,
+            draft_probs=draft.probs,
+            target_hidden_states=hidden,
+            lm_head_weight=None if self.lm_head is None else self.lm_head.weight,
+            lm_head_bias=None if self.lm_head is None else getattr(self.lm_head, "bias", None),
+            do_sample=self.do_sample,
+            draft_limits=tuple(limits) if short else None,
+            row_ids=tuple(self.batch.rows),
+        )
+
+    def settle_row(self, i: int, emitted: list[int], accepted: int, num_matched: int | None, gamma: int,
+                   draft_limits: tuple[int, ...] | None, draft_tokens: torch.LongTensor, next_token: torch.LongTensor,
+                   processed: torch.FloatTensor, target_logits: torch.FloatTensor) -> tuple[int, bool, RoundOutcome]:
+        """Step 5 for row `i` (an index into the current rows), which accepted `accepted` of the round's `gamma`
+        drafts (of its `draft_limits[i]`, where given) and would add `emitted` (those drafts and its next token):
+        the tokens it keeps, cut at its first EOS, at `max_length` and where another stopping criterion fires
+        (checked after each token, as plain decoding does); whether it finishes; and its round for the draft-length
+        policy. Records its statistics (the drafts it could use, as alone) and, when returned, its scores.
+        """
+        length = self.batch.lengths[i]
+        # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
+        # transformers lets set a max_length at or below the prompt's length).
+        keep = max(1, min(len(emitted), self.max_length - length))
+        eos_at = next((j for j, token in enumerate(emitted[:keep]) if token in self.eos_ids), None)
+        if eos_at is not None:
+            keep = eos_at + 1
+        record = self.records[self.batch.rows[i]]
+        stop_at = None
+        if self.called_stopping_criteria:  # (calling them is the user's cost, only when given)
+            new_tokens = torch.cat([draft_tokens[i : i + 1, :accepted], next_token[i : i + 1, None]], dim=1)
+            stop_at = _first_stop(
+                self.called_stopping_criteria, self.batch.prefix(i, 0), new_tokens[:, :keep],
+                _scores_so_far(record) if self.keep_scores else None, processed[i : i + 1],
+            )
+        if stop_at is not None:
+            keep = stop_at + 1
+        ends = eos_at is not None or stop_at is not None or length + keep >= self.max_length
+        record.stats.record_round(gamma if draft_limits is None else draft_limits[i], accepted, keep)
+        if self.keep_scores:
+            record.scores.extend(processed[i, :keep])
+        if self.keep_logits:
+            record.logits.extend(target_logits[i, :keep])
+        # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they do
+        # not count as accepted, even where the target agrees with them, and a round cut among its accepted drafts
+        # saw no rejection (`cut`: its tokens are `keep`, not accepted + 1).
+        outcome = RoundOutcome(
+            gamma, min(accepted, keep), 0.0,
+            num_matched=None if num_matched is None else min(num_matched, keep), cut=keep <= accepted,
+        )
+        return keep, ends, outcome
+
+    def outputs(self, generation_config: GenerationConfig) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
+        """What `generate()` returns: the sequences, right-padded as transformers pads rows that ended early, and
+        with `return_dict_in_generate` the scores, logits, cache and statistics."""
+        if not self.static:
+            stop_past_recording(self.target_cache)
+        records = self.records
+        sequences = _padded(
+            [record.sequence for record in records],
+            pad_token_id(generation_config, fallback=min(self.eos_ids, default=0)),
+        )
+        if not generation_config.return_dict_in_generate:
+            return sequences
+        return SpeculativeDecoderOnlyOutput(
+            sequences=sequences,
+            scores=_step_outputs([r.scores for r in records]) if self.keep_scores else None,
+            logits=_step_outputs([r.logits for r in records]) if self.keep_logits else None,
+            # With several rows the caches hold holes and rows that left: nothing a continuation could use.
+            **{CACHE_ARGUMENT: self.target_cache if len(records) == 1 else None},
+            acceptance_stats=AcceptanceStats.of_batch([record.stats for record in records]),
+            acceptance_stats_per_row=[record.stats for record in records],
+        )
+
+
+def _check_continuation(generation_config: GenerationConfig, input_ids: torch.LongTensor,
+                        attention_mask: torch.LongTensor | None, cached: int) -> None:
+    """A call that continues from a returned cache (`cached` tokens) must pass the whole sequence, one prompt."""
+    mask_length = passed_mask_length(generation_config, attention_mask, input_ids.shape[1])
+    if not cached and mask_length == input_ids.shape[1]:
+        return
+    # transformers can restart from a cache with only the new ids and a full mask; the loop (and the draft, which
+    # fills its own cache from the ids) needs the whole sequence, as a continuation from a returned cache has.
+    if cached >= input_ids.shape[1] or mask_length != input_ids.shape[1]:
+        raise invalid_value(
+            "input_ids",
+            f"{input_ids.shape[1]} tokens with a {CACHE_ARGUMENT} of {cached} and an attention_mask of {mask_length}",
+            "the whole sequence with an acceptance rule: the tokens the cache holds, then at least one more, and a "
+            "mask of the same length",
+            f"pass input_ids=torch.cat([out.sequences, new_ids], dim=1) with its full mask (a {CACHE_ARGUMENT} "
+            "returned by generate() holds all of out.sequences but the last token)",
+        )
+    if input_ids.shape[0] != 1:
+        raise invalid_value(
+            CACHE_ARGUMENT, f"a cache of {cached} tokens", "none with several prompts",
+            "continue one prompt at a time from a returned cache",
+        )
 
 
 def _scores_so_far(record: _RowRecord) -> tuple:

@@ -40,6 +40,14 @@ class ModelDrafter:
     The draft distribution goes through the same logits processors as the target (temperature, top-k/p, repetition
     penalty, min_new_tokens, …), each position seeing the prefix it extends, so that q and p are comparable.
 
+    A draft whose vocabulary differs from the target's by padding only (rows past the tokenizer's last id, checked
+    before decoding: `generation._check_vocabularies`) drafts over the ids both share: its logits are cut to the
+    target's width, or widened with −inf, so q gives the target's padding ids probability 0 and every draft is an id
+    both models have. The target can still emit one of its own padding ids (a sample from its tiny mass there, or a
+    processor that forces it): the sequence keeps it, and the draft is fed its own last id, `vocab_size − 1`, in its
+    place (`CachedModel.max_input_id`): a padding row of the draft too where it is padded, the nearest thing it has
+    to a token no text produces. Only the draft's view changes, never the output.
+
     Pruned-vocabulary drafters (see `hf_semspec.drafters`) are supported through two optional attributes of the
     draft model: `kept_token_ids` (`torch.LongTensor` of shape `(K,)`), the target ids of its K output logits, and,
     for RDK, `rdk_indices` / `rdk_weights` (shapes `(K, m + 1)`), a sparse row-stochastic kernel from each kept token
@@ -55,7 +63,6 @@ class ModelDrafter:
         output_device (`torch.device`): where drafts and q are returned (the target's device).
         vocab_size (`int`): the target's vocabulary size (width of the distributions returned).
         redistribute (`bool`): draw from the RDK-redistributed r = q·K instead of q (needs `rdk_indices`).
-        generator (`torch.Generator`, *optional*): the source of the draws when sampling (torch's global RNG if None).
         stop_token_ids (`frozenset[int]`, *optional*): EOS ids. A round that asks a per-token policy ends once every
             row has drafted one of them: nothing drafted after an EOS is ever used (an accepted EOS ends the row, a
             rejected one discards what follows), and that policy syncs with the host per token anyway. Fixed-budget
@@ -73,7 +80,6 @@ class ModelDrafter:
         output_device: torch.device,
         vocab_size: int,
         redistribute: bool = False,
-        generator: torch.Generator | None = None,
         stop_token_ids: frozenset[int] = frozenset(),
         cache: Cache | None = None,
         compiled=None,
@@ -84,12 +90,17 @@ class ModelDrafter:
         self.return_probs = return_probs
         self.output_device = output_device
         self.vocab_size = vocab_size
-        self.generator = generator
         self.stop_token_ids = stop_token_ids
         if cache is None:
             cache = DynamicCache(config=model.config)
             cache.activate_past_recording()
-        self.runner = CachedModel(model, cache, compiled=compiled, static=not isinstance(cache, DynamicCache))
+        # The draft's own rows (a pruned drafter's backbone's): ids past them, a target's padding ids, are fed as its
+        # last row (the class docstring).
+        draft_vocab_size = model.config.get_text_config().vocab_size
+        self.runner = CachedModel(
+            model, cache, compiled=compiled, static=not isinstance(cache, DynamicCache),
+            max_input_id=draft_vocab_size - 1 if draft_vocab_size < vocab_size else None,
+        )
         # A compiled draft catches up on the last two slots of each round (the one a fully accepted round drafted but
         # never fed, and the target's token), so that its first forward always has the same shape.
         self.catch_up = 2 if compiled is not None else 1
@@ -111,6 +122,8 @@ class ModelDrafter:
 
         `logits` are the draft's raw logits, over the kept ids for a pruned drafter."""
         processors = len(self.logits_processor) > 0
+        if self.kept_token_ids is None and logits.shape[-1] != self.vocab_size:
+            logits = self._on_target_vocabulary(logits)
         if self.kept_token_ids is not None:
             if not (processors or keep_probs or self.do_sample or self.rdk_kernel is not None):
                 return self.kept_token_ids[logits.argmax(-1)], None  # greedy fast path: no full-vocabulary tensor
@@ -129,8 +142,16 @@ class ModelDrafter:
             q = torch.where(q.isnan(), self._uniform_over_kept(q), q)
         if self.rdk_kernel is not None:
             q = redistribute(q, self.kept_token_ids, *self.rdk_kernel)
-        token = sample_categorical(q, self.generator) if self.do_sample else q.argmax(-1)
+        token = sample_categorical(q, None) if self.do_sample else q.argmax(-1)
         return token, q
+
+    def _on_target_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
+        """`(batch, draft vocab)` logits → `(batch, vocab_size)`: the draft's padding ids past the target's cut off,
+        the target's padding ids past the draft's given −inf (probability 0 in q, never drafted)."""
+        width = logits.shape[-1]
+        if width > self.vocab_size:
+            return logits[:, : self.vocab_size]
+        return torch.nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
 
     def _uniform_over_kept(self, like: torch.Tensor) -> torch.Tensor:
         """`(vocab,)`: 1/K on each of the K kept ids, 0 elsewhere, in `like`'s dtype and device."""
@@ -141,11 +162,12 @@ class ModelDrafter:
     def draft(self, batch: DecodingBatch, max_tokens: int, policy: DraftLengthPolicy | None = None) -> DraftBlock:
         """Drafts up to `max_tokens` tokens into the slots after `batch.num_slots` (and after each row's tokens).
 
-        A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; such
-        a round also ends once every row drafted an EOS (`stop_token_ids`), read after the policy's decision, when
-        that sync has already waited for the token. Without one, drafting makes no host sync of its own (with a
-        padded prompt, transformers' mask preparation reads the 2D mask once per forward, as it does in plain
-        decoding).
+        A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; it
+        reads q of the rows still decoding only (a finished row that stays for a static cache's shape drafts on, but
+        its q says nothing of this round). Such a round also ends once every row drafted an EOS (`stop_token_ids`),
+        read after the policy's decision, when that sync has already waited for the token. Without one, drafting
+        makes no host sync of its own (with a padded prompt, transformers' mask preparation reads the 2D mask once per
+        forward, as it does in plain decoding).
         """
         start = batch.num_slots
         asks_policy = policy is not None and policy.decides_per_token
@@ -154,7 +176,10 @@ class ModelDrafter:
         tokens, probs = [], []
         # Rows with nothing more to draft for: finished ones (kept for a static cache's shape) and, read per token
         # below, those that drafted an EOS.
-        done = [not live for live in batch.live]
+        done = [not decoding for decoding in batch.decoding]
+        decoding_rows = None if all(batch.decoding) else torch.tensor(
+            [i for i, decoding in enumerate(batch.decoding) if decoding], device=self.output_device
+        )
         while len(tokens) < max_tokens:
             index = len(tokens)
             logits = self.runner.forward(batch, start + index, 1)[:, -1].to(self.output_device)
@@ -165,7 +190,7 @@ class ModelDrafter:
             if asks_policy and len(tokens) < max_tokens:
                 # The policy's read first: it syncs on q, which comes after the token, so the EOS read below then
                 # waits for nothing (the other order would wait twice per token).
-                if not policy.keep_drafting(len(tokens), q):
+                if not policy.keep_drafting(len(tokens), q if q is None or decoding_rows is None else q[decoding_rows]):
                     break
                 if self.stop_token_ids:
                     done = [d or t in self.stop_token_ids for d, t in zip(done, token.tolist())]

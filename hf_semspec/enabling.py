@@ -15,14 +15,22 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import Any, Callable
+import threading
+from typing import Any, Callable, Iterator
 
 from . import _transformers_compat as compat
 from .errors import SemSpecConfigError
 from .generation import _STOCK_CALL, _handing_to_transformers, field_that_needs_hf_semspec, generate
 
 _MARK = "__hf_semspec__"  # on the functions this module installs: "guard" or "enabled"
-_replaced_by_enable: list[Callable] = []  # what `enable()` replaced, for `disable()` (empty while not enabled)
+_REPLACED = "__hf_semspec_replaced__"  # on `enable()`'s function: the one it replaced, which `disable()` puts back
+
+# The state of `enable()` / `disable()` is what `GenerationMixin.generate` holds (`_enabled_layer`), not a variable of
+# this module, which `importlib.reload` would reset. The lock that makes each check-then-act below atomic must outlive
+# a reload too, or a thread running the functions from before a reload and one running those from after it would take
+# different locks: a reload runs this file again in the same module namespace, so the first run creates the lock and
+# every later run keeps it.
+_LOCK: threading.Lock = globals().get("_LOCK") or threading.Lock()
 
 
 def _parameters(function: Callable) -> tuple[str, ...]:
@@ -66,8 +74,9 @@ def _guarded(stock_generate: Callable) -> Callable:
 
 def install_guard() -> None:
     """Puts the guard in front of transformers' `generate()`, once per process (called by `import hf_semspec`)."""
-    if getattr(compat.class_generate(), _MARK, None) is None:
-        compat.set_class_generate(_guarded(compat.class_generate()))
+    with _LOCK:
+        if getattr(compat.class_generate(), _MARK, None) is None:
+            compat.set_class_generate(_guarded(compat.class_generate()))
 
 
 def _enabled(replaced: Callable) -> Callable:
@@ -81,7 +90,36 @@ def _enabled(replaced: Callable) -> Callable:
 
     generate_with_hf_semspec.__signature__ = inspect.signature(generate)
     setattr(generate_with_hf_semspec, _MARK, "enabled")
+    setattr(generate_with_hf_semspec, _REPLACED, replaced)
     return generate_with_hf_semspec
+
+
+def _layers() -> Iterator[Callable]:
+    """`GenerationMixin.generate`, then each function that the one before records as the one it wraps (`__wrapped__`,
+    set by `functools.wraps`), as far as that goes."""
+    function, seen = compat.class_generate(), set()
+    while function is not None and id(function) not in seen:
+        seen.add(id(function))
+        yield function
+        function = getattr(function, "__wrapped__", None)
+
+
+def _is_enabled_layer(function: Callable) -> bool:
+    """Whether `function` is one that `enable()` installed. `functools.wraps` copies a function's attributes, marks
+    included, onto the wrapper: one of ours is the one whose `__wrapped__` is still the function it replaced."""
+    replaced = getattr(function, _REPLACED, None)
+    if getattr(function, _MARK, None) != "enabled" or replaced is None:
+        return False
+    return getattr(function, "__wrapped__", None) is replaced
+
+
+def _enabled_layer() -> tuple[Callable | None, bool]:
+    """The function `enable()` installed, if `GenerationMixin.generate` is it or leads to it (`_layers`), and whether it
+    is `GenerationMixin.generate` itself; `(None, False)` where none is found."""
+    for depth, function in enumerate(_layers()):
+        if _is_enabled_layer(function):
+            return function, depth == 0
+    return None, False
 
 
 def enable() -> None:
@@ -94,27 +132,39 @@ def enable() -> None:
     `disable()`. It replaces `GenerationMixin.generate` (a class whose own `generate` does not call it is not covered:
     attach its instances instead). Calling it again changes nothing.
     """
-    if _replaced_by_enable:
-        return
-    current = compat.class_generate()
-    _replaced_by_enable.append(current)
-    compat.set_class_generate(_enabled(current))
+    with _LOCK:
+        if _enabled_layer()[0] is not None:
+            return
+        compat.set_class_generate(_enabled(compat.class_generate()))
 
 
 def disable() -> None:
     """Undoes `enable()`: `GenerationMixin.generate` is again exactly what `enable()` replaced (attached models stay
-    attached, and the guard stays). Calling it again, or without `enable()`, changes nothing."""
-    if not _replaced_by_enable:
-        return
-    current = compat.class_generate()
-    if getattr(current, _MARK, None) != "enabled":
-        raise RuntimeError(
-            f"GenerationMixin.generate was replaced after hf_semspec.enable() (it is now {current!r}); disable() "
-            "would undo that too. Fix: undo that replacement first, then call hf_semspec.disable()."
-        )
-    compat.set_class_generate(_replaced_by_enable.pop())
+    attached, and the guard stays). Calling it again, or without `enable()`, changes nothing. Where something replaced
+    `GenerationMixin.generate` after `enable()` (or after `import hf_semspec`, leaving no `__wrapped__` to follow), it
+    raises rather than undo that replacement too or leave `enable()` silently in force behind it."""
+    with _LOCK:
+        layer, in_front = _enabled_layer()
+        if in_front:
+            compat.set_class_generate(getattr(layer, _REPLACED))
+            return
+        current = compat.class_generate()
+        if layer is not None:
+            raise RuntimeError(
+                f"GenerationMixin.generate was replaced after hf_semspec.enable() (it is now {current!r}); disable() "
+                "would undo that too. Fix: undo that replacement first, then call hf_semspec.disable()."
+            )
+        if getattr(current, _MARK, None) is None:
+            # Not the guard that `import hf_semspec` installed, nor a function leading to it: something replaced it
+            # without recording what it replaced, and whether `enable()`'s function sits behind cannot be told.
+            raise RuntimeError(
+                f"GenerationMixin.generate was replaced after hf_semspec was imported (it is now {current!r}), hiding "
+                "what hf_semspec installed: disable() cannot tell whether hf_semspec.enable() is in force behind it. "
+                "Fix: undo that replacement first, then call hf_semspec.disable()."
+            )
 
 
 def is_enabled() -> bool:
-    """Whether `enable()` is in force."""
-    return bool(_replaced_by_enable)
+    """Whether `enable()` is in force: `GenerationMixin.generate` is the function it installed, or leads to it through
+    `__wrapped__` (as a later replacement made with `functools.wraps` does)."""
+    return _enabled_layer()[0] is not None

@@ -438,7 +438,7 @@ def _check_target(model: Any) -> None:
         )
 
 
-def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
+def _check_models(model: torch.nn.Module, assistant_model: Any, tokenizer: Any = None) -> None:
     head = getattr(assistant_model, "get_output_embeddings", None)
     is_causal_lm = (
         isinstance(assistant_model, torch.nn.Module)
@@ -474,14 +474,55 @@ def _check_models(model: torch.nn.Module, assistant_model: Any) -> None:
                 "assisted generation",
                 "use an attention-only target and draft, or decode without assistant_model",
             )
+    _check_vocabularies(model, assistant_model, tokenizer)
+
+
+def _check_vocabularies(model: torch.nn.Module, assistant_model: Any, tokenizer: Any) -> None:
+    """Drafts are verified id by id, so both models must give every id the tokenizer can produce a row. Equal
+    `vocab_size`s pass as they are. Sizes that differ pass when they differ by padding only: rows past the tokenizer's
+    last id, which no text produces (Qwen2.5-7B's 152064 rows against Qwen2.5-0.5B's 151936, one tokenizer of 151665
+    ids). That is read from the `tokenizer` the call passes (`generate(tokenizer=...)`, as transformers takes it for
+    stop strings): every id below `len(tokenizer)` must be below both sizes. The loop then compares over the shared
+    ids (`ModelDrafter`, `CachedModel.max_input_id`)."""
     target_vocab, draft_vocab = _vocab_size(model), _vocab_size(assistant_model)
-    if target_vocab != draft_vocab:
+    kept = getattr(assistant_model, "kept_token_ids", None)
+    if kept is not None and kept.numel() and int(kept.max()) >= target_vocab:
         raise invalid_value(
-            "assistant_model (vocab_size)",
-            draft_vocab,
-            f"the target's vocab_size {target_vocab}: drafts are verified token id by token id",
-            "use a draft that shares the target's tokenizer and vocabulary size",
+            "assistant_model.kept_token_ids", f"ids up to {int(kept.max())}",
+            f"ids below the target's vocab_size {target_vocab} (the pruned drafter proposes target ids)",
+            "prune the drafter from a model whose tokenizer is the target's",
         )
+    if target_vocab == draft_vocab:
+        return
+    if tokenizer is None:
+        raise invalid_value(
+            "assistant_model (vocab_size)", draft_vocab,
+            f"the target's vocab_size {target_vocab}, or a size that differs from it by padding only (rows past the "
+            "tokenizer's last id, as Qwen2.5-7B's 152064 against Qwen2.5-0.5B's 151936), which hf_semspec checks "
+            "against the tokenizer",
+            "pass tokenizer=<the target's tokenizer> to generate() (if it is the draft's too, the sizes differ by "
+            "padding only and the pair is accepted), or use a draft that shares the target's tokenizer",
+        )
+    num_ids = len(tokenizer)
+    shared = min(target_vocab, draft_vocab)
+    if num_ids > shared:
+        smaller, field = (("model", "the target"), ("assistant_model", "the draft"))[draft_vocab < target_vocab]
+        missing = list(range(shared, num_ids))
+        shown = ", ".join(f"{i} {_token_text(tokenizer, i)}" for i in missing[:5])
+        shown += " ..." if len(missing) > 5 else ""
+        raise invalid_value(
+            f"{smaller} (vocab_size)", shared,
+            f"a row for every id of the tokenizer ({num_ids} ids): the ids {shared}..{num_ids - 1} ({shown}) are "
+            f"real tokens that {field} has no row for, so the two models do not share a vocabulary (the sizes "
+            f"{target_vocab} and {draft_vocab} differ by more than padding)",
+            "use a draft that shares the target's tokenizer, or pass the tokenizer both models were trained with",
+        )
+
+
+def _token_text(tokenizer: Any, token_id: int) -> str:
+    """`'<the token>'` for an error message, or `''` where the tokenizer cannot say."""
+    convert = getattr(tokenizer, "convert_ids_to_tokens", None)
+    return repr(convert(token_id)) if callable(convert) else ""
 
 
 def _check_no_misspelled_field(config: GenerationConfig | None, where: str) -> None:
@@ -585,7 +626,10 @@ def generate(
 
     Args:
         model (`PreTrainedModel`): the target model.
-        assistant_model (`PreTrainedModel`): the draft model; same tokenizer and vocabulary size as `model`.
+        assistant_model (`PreTrainedModel`): the draft model, with the target's tokenizer; its vocabulary size may
+            differ from the target's by padding only (rows past the tokenizer's last id), checked with `tokenizer`.
+        tokenizer (`PreTrainedTokenizerBase`, *optional*, in kwargs): the target's tokenizer, as transformers takes
+            it: needed for `stop_strings`, and to pair models whose vocabulary sizes differ by padding.
         acceptance (`str`, *optional*): the verification rule, one of `hf_semspec.available_rules()`, e.g.
             `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`, `"rdk"` (pruned-vocabulary drafters). An
             explicit `None` turns a default rule (of a passed or the model's generation config) off for this call:
@@ -728,13 +772,14 @@ def generate(
             "padding shifts them)", "remove position_ids; for padding pass attention_mask",
         )
 
+    tokenizer = kwargs.get("tokenizer")  # (popped here: transformers drops it for our loop)
     stock_arguments["stopping_criteria"], stock_arguments["generation_config"] = _stop_strings_as_criteria(
         kwargs, generation_config, model, stopping_criteria
     )
 
     # 2. Build and validate everything before transformers prepares the inputs.
     rule = RULES.build(rule_name, rule_kwargs)
-    _check_models(model, assistant_model)
+    _check_models(model, assistant_model, tokenizer)
     rule.check_target_model(model)
     rule.check_assistant_model(assistant_model)
     policy = _build_draft_length_policy(

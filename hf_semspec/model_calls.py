@@ -35,13 +35,17 @@ class CachedModel:
         compiled (`Callable`, *optional*): the compiled forward (`torch.compile`), used for every forward but the
             first, which prefills the prompt at a shape seen once.
         static (`bool`): the cache is static: compiled forwards take the 2D mask at its full, fixed length.
+        max_input_id (`int`, *optional*): the largest id the model has an embedding row for, where the batch may hold
+            larger ones (a draft paired with a target whose vocabulary is padded further): those are fed as this id.
     """
 
-    def __init__(self, model: torch.nn.Module, cache: Cache, compiled=None, static: bool = False):
+    def __init__(self, model: torch.nn.Module, cache: Cache, compiled=None, static: bool = False,
+                 max_input_id: int | None = None):
         self.model = model
         self.cache = cache
         self.compiled = compiled
         self.static = static
+        self.max_input_id = max_input_id
         self.cached = 0
         self.supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
         self.takes_position_ids = accepts_forward_argument(model, "position_ids")
@@ -64,9 +68,10 @@ class CachedModel:
             kwargs["logits_to_keep"] = num_logits
         kwargs[CACHE_ARGUMENT] = self.cache
         compiled = self.compiled is not None and start > 0
-        outputs = (self.compiled if compiled else self.model)(
-            input_ids=batch.ids[:, start:end].to(device), use_cache=True, **kwargs
-        )
+        input_ids = batch.ids[:, start:end].to(device)
+        if self.max_input_id is not None:
+            input_ids = input_ids.clamp_max(self.max_input_id)
+        outputs = (self.compiled if compiled else self.model)(input_ids=input_ids, use_cache=True, **kwargs)
         self.cached = end
         logits = outputs.logits[:, -num_logits:]
         if compiled and logits.dtype == torch.float32:

@@ -152,7 +152,7 @@ class BatchProcessors:
                     processed[:, p] = run(batch.prefix(0, offset + p), processed[:, p])
                     continue
                 for r in range(size):
-                    if not batch.live[r]:  # a finished row kept for a static cache's shape: its scores are not read
+                    if not batch.decoding[r]:  # a finished row kept for a static cache's shape: its scores are not read
                         continue
                     own = self.row_runs[batch.rows[r]][k]
                     processed[r : r + 1, p] = own(batch.prefix(r, offset + p), processed[r : r + 1, p])

@@ -9,6 +9,10 @@ from dataclasses import asdict, dataclass, field
 class AcceptanceStats:
     """Counts of one `generate()` call (or several, merged with `+`).
 
+    Two figures a batch tells apart: `tokens_per_forward`, the new tokens of every row per target forward (one
+    forward verifies all rows: the batch's yield per forward), and `mean_accepted_length`, τ, each row's tokens per
+    forward of the rounds it took part in, averaged over the rows. With one row they are the same number.
+
     Attributes:
         num_target_forwards (`int`): target forward passes made by the speculative loop (one per round).
         num_drafted (`int`): draft tokens proposed to the target.
@@ -23,6 +27,8 @@ class AcceptanceStats:
             times the rows of a batched verification): the lengths a draft-length policy chose, in order.
         accepted_per_round (`list[int]`): `accepted_per_round[r]` = draft tokens the rule accepted in round `r` (its
             verdicts, as `num_accepted`, summed over the rows).
+        mean_accepted_length_per_row (`list[float]`): each row's τ, for the statistics of a batch (`of_batch`;
+            merged calls keep every row's); empty for one row's.
     """
 
     num_target_forwards: int = 0
@@ -33,11 +39,20 @@ class AcceptanceStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
+    mean_accepted_length_per_row: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """New tokens of all rows per target forward (a batch's yield per forward; τ for one row)."""
+        return self.num_new_tokens / self.num_target_forwards if self.num_target_forwards else 0.0
 
     @property
     def mean_accepted_length(self) -> float:
-        """τ: new tokens per target forward, the usual "mean accepted length" (accepted drafts + 1 per round)."""
-        return self.num_new_tokens / self.num_target_forwards if self.num_target_forwards else 0.0
+        """τ: new tokens per target forward, the usual "mean accepted length" (accepted drafts + 1 per round); for a
+        batch, each row's τ averaged over the rows (`tokens_per_forward` counts every row's tokens per forward)."""
+        if self.mean_accepted_length_per_row:
+            return sum(self.mean_accepted_length_per_row) / len(self.mean_accepted_length_per_row)
+        return self.tokens_per_forward
 
     @property
     def mean_accepted_drafts(self) -> float:
@@ -78,7 +93,15 @@ class AcceptanceStats:
             ],
             drafted_per_round=self.drafted_per_round + other.drafted_per_round,
             accepted_per_round=self.accepted_per_round + other.accepted_per_round,
+            mean_accepted_length_per_row=self._row_taus() + other._row_taus()
+            if self.mean_accepted_length_per_row or other.mean_accepted_length_per_row else [],
         )
+
+    def _row_taus(self) -> list[float]:
+        """Each row's τ: a batch's list, or this one row's (none before its first round)."""
+        if self.mean_accepted_length_per_row:
+            return list(self.mean_accepted_length_per_row)
+        return [self.mean_accepted_length] if self.num_target_forwards else []
 
     def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int) -> None:
         """Adds one round of one row: `num_drafted` drafts, of which the rule accepted the first `num_accepted` (its
@@ -101,8 +124,9 @@ class AcceptanceStats:
     @classmethod
     def of_batch(cls, rows: list["AcceptanceStats"]) -> "AcceptanceStats":
         """A batched call's statistics from its rows': every count summed, except target forwards, one per round (a
-        batched forward verifies every row; a row's rounds are the first ones, while it was decoding), and per round
-        the drafts and accepted drafts of all the rows in it."""
+        batched forward verifies every row; a row's rounds are the first ones, while it was decoding), per round
+        the drafts and accepted drafts of all the rows in it, and each row's τ (`mean_accepted_length` is then their
+        mean, `tokens_per_forward` the batch's yield)."""
         total = sum(rows, cls())
         rounds = max((len(r.drafted_per_round) for r in rows), default=0)
         total.num_target_forwards = rounds
@@ -110,12 +134,14 @@ class AcceptanceStats:
                                    for i in range(rounds)]
         total.accepted_per_round = [sum(r.accepted_per_round[i] for r in rows if i < len(r.accepted_per_round))
                                     for i in range(rounds)]
+        total.mean_accepted_length_per_row = [r.mean_accepted_length for r in rows] if len(rows) > 1 else []
         return total
 
     def to_dict(self) -> dict:
         """Counts plus the derived rates, JSON-ready."""
         out = asdict(self)
         out.update(
+            tokens_per_forward=self.tokens_per_forward,
             mean_accepted_length=self.mean_accepted_length,
             mean_accepted_drafts=self.mean_accepted_drafts,
             acceptance_rate=self.acceptance_rate,

@@ -81,9 +81,10 @@ def test_a_batch_with_a_processor_that_holds_the_whole_batch(no_forward):
                  prefix_allowed_tokens_fn=lambda batch_id, ids: [4, 5])
 
 
-def test_num_return_sequences(no_forward):
-    with pytest.raises(SemSpecConfigError, match=r"`num_return_sequences` = 2"):
-        generate(no_forward, acceptance="exact", num_return_sequences=2, do_sample=True)
+def test_greedy_num_return_sequences_gets_transformers_own_error(no_forward):
+    """Sampled `num_return_sequences` decodes (tests/test_batch_rows.py); greedy, transformers itself refuses."""
+    with pytest.raises(ValueError, match=r"Greedy methods .* do not support `num_return_sequences`"):
+        generate(no_forward, acceptance="exact", num_return_sequences=2, do_sample=False)
 
 
 def test_beams(no_forward):

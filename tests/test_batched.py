@@ -134,7 +134,7 @@ class RecordsScores(StoppingCriteria):
         self.calls = []
 
     def __call__(self, input_ids, scores, **kwargs):
-        self.calls.append((input_ids.shape[1], scores))
+        self.calls.append((input_ids.clone(), scores))
         return torch.zeros(input_ids.shape[0], dtype=torch.bool)
 
 
@@ -147,33 +147,52 @@ def test_a_stopping_criterion_gets_each_row_s_scores_so_far(attached, close_draf
                             return_dict_in_generate=True, stopping_criteria=StoppingCriteriaList([criterion]))
     assert len(criterion.calls) >= 12 * len(rows)  # each row's prefixes, one by one
     returned = torch.stack(out.scores, dim=1)  # (rows, steps, vocab)
-    for length, scores in criterion.calls:
-        assert scores is not None and len(scores) == length - ids.shape[1]
+    width = ids.shape[1]
+    called_for = set()
+    for input_ids, scores in criterion.calls:
+        # The row a call is about is the one whose tokens it was given (the prompts differ).
+        (row,) = [r for r in range(len(rows)) if torch.equal(input_ids[0, :width], ids[r])]
+        called_for.add(row)
+        assert input_ids.shape[0] == 1 and torch.equal(input_ids[0], out.sequences[row, : input_ids.shape[1]])
+        assert scores is not None and len(scores) == input_ids.shape[1] - width
         assert all(score.shape == (1, VOCAB) for score in scores)
-        seen = torch.cat(scores)
-        assert any(torch.equal(seen, returned[r, : len(scores)]) for r in range(len(rows)))  # one row's own scores
+        assert torch.equal(torch.cat(scores), returned[row, : len(scores)])  # that row's own scores
+    assert called_for == set(range(len(rows)))
 
 
 @pytest.mark.parametrize("name", hf_semspec.available_rules())
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_every_rule_decodes_a_batch(attached, close_draft, rdk_draft, name, do_sample):
+    """Each row checked against its own prompt: with top-k = 3 every token a row emits is among the target's three
+    most likely at that row's prefix (a relaxed rule keeps only drafts the processors allow, and a row given another
+    row's tokens or logits would break it); greedy, each row is also the text it gets alone
+    (tests/test_batch_rows.py has that for both cache types)."""
     rule = hf_semspec.rules.RULES.get(name)
     if not (rule.supports_sampling if do_sample else rule.supports_greedy):
         pytest.skip(f"{name} does not define do_sample={do_sample}")
     rows, ids, mask = left_padded()
     draft = rdk_draft if rule.redistributes_draft else close_draft
+    options = dict(assistant_model=draft, acceptance=name, do_sample=do_sample, top_k=3, max_new_tokens=16,
+                   min_new_tokens=16)
     torch.manual_seed(0)
-    out = attached.generate(ids, attention_mask=mask, assistant_model=draft, acceptance=name, do_sample=do_sample,
-                            max_new_tokens=16, min_new_tokens=16, pad_token_id=PAD, return_dict_in_generate=True)
-    assert out.sequences.shape == (len(rows), ids.shape[1] + 16)
-    for stats in out.acceptance_stats_per_row:
-        # min_new_tokens: no EOS cuts a round, so each round a row took part in emitted its accepted drafts + 1, but
-        # its last, which max_length may cut (the round's γ is the one of the row with the most room left)
+    out = attached.generate(ids, attention_mask=mask, pad_token_id=PAD, return_dict_in_generate=True, **options)
+    width = ids.shape[1]
+    assert out.sequences.shape == (len(rows), width + 16)
+    for i, row in enumerate(rows):
+        new = out.sequences[i, width:]
+        with torch.no_grad():
+            logits = attached(torch.cat([row, new])[None]).logits[0, len(row) - 1 : -1]
+        assert bool((logits.topk(3, -1).indices == new[:, None]).any(-1).all()), f"row {i}"
+        if not do_sample:
+            assert new.tolist() == attached.generate(row[None], **options)[0, len(row):].tolist(), f"row {i}"
+        stats = out.acceptance_stats_per_row[i]
+        # min_new_tokens: no EOS cuts a round, so each round the row took part in emitted its accepted drafts + 1, but
+        # its last, which max_length may cut
         assert stats.num_new_tokens == 16
         *before_last, last = stats.accepted_per_round
         assert sum(before_last) + len(before_last) < 16 <= sum(before_last) + len(before_last) + last + 1
         assert sum(stats.accepted_per_position) == stats.num_accepted == sum(stats.accepted_per_round)
-    assert torch.equal(out.sequences[:, : ids.shape[1]], ids)
+    assert torch.equal(out.sequences[:, :width], ids)
 
 
 def test_a_pruned_drafter_decodes_a_batch(attached, pruned_draft):
@@ -283,11 +302,11 @@ def test_a_row_cut_by_a_stop_keeps_writing_its_drafts_within_the_buffer():
     batch.commit(torch.tensor([4, 0]), torch.tensor([24, 40]), accepted=[4, 0], kept=[1, 1])
     batch.finish(0)
     assert batch.lengths == [6, 6]
-    assert batch.lengths_t.tolist() == [6, 6]
+    assert batch.draft_starts.tolist() == [6, 6]
     # row 1 has 6 tokens of room left; a round of 5 drafts (budget = room − 1) fills the buffer sized for it
     batch.reserve_tokens(max(batch.lengths) + 5 + 1)
     for index in range(5):
         batch.write_draft(index, torch.tensor([50 + index, 60 + index]))
     batch.commit(torch.tensor([5, 5]), torch.tensor([55, 65]), accepted=[5, 5], kept=[0, 6])
     assert batch.tokens[1, 6:12].tolist() == [60, 61, 62, 63, 64, 65]
-    assert batch.lengths_t.tolist() == [6, 12]
+    assert batch.draft_starts.tolist() == [6, 12]

@@ -4,6 +4,11 @@ transformers' `generate()` untouched."""
 
 from __future__ import annotations
 
+import functools
+import importlib
+import itertools
+import threading
+
 import pytest
 import torch
 from conftest import perturbed_copy, prompt, tiny_llama, tiny_tokenizer
@@ -65,6 +70,19 @@ def test_a_rule_in_a_generation_config_is_refused_where_it_would_decode(pair):
     assert torch.equal(assisted, plain)
 
 
+def test_a_generation_config_or_draft_passed_by_position_is_checked_too(pair):
+    target, draft = pair
+    ids = prompt(8)
+    # generate(inputs, generation_config, logits_processor, stopping_criteria, prefix_allowed_tokens_fn, synced_gpus,
+    # assistant_model, ...): a guard that read keywords only would hand both calls to transformers, which decodes
+    # without the rule.
+    with pytest.raises(SemSpecConfigError, match=r"got generation_config\.acceptance='fly'.*" + NOT_ENABLED):
+        target.generate(ids, GenerationConfig(acceptance="fly", max_new_tokens=4))
+    target.generation_config.acceptance = "fly"
+    with pytest.raises(SemSpecConfigError, match=r"model\.generation_config\.acceptance='fly' \(with assistant_model"):
+        target.generate(ids, GenerationConfig(max_new_tokens=4), None, None, None, None, draft)
+
+
 def test_a_call_without_our_fields_reaches_transformers_as_it_was(pair):
     target, draft = pair
     ids = prompt(8)
@@ -119,13 +137,87 @@ def test_enable_covers_every_model_and_disable_restores_exactly_what_was_there(p
     with pytest.raises(SemSpecConfigError, match=NOT_ENABLED):
         target.generate(prompt(8), assistant_model=draft, max_new_tokens=4)
 
+    # Someone else's patch on top of ours, which disable() would undo too: one made with functools.wraps (which copies
+    # our marks onto it, and records what it wraps), then one that hides what it replaced.
     hf_semspec.enable()
-    monkeypatch.setattr(GenerationMixin, "generate", lambda *a, **k: None)  # someone else's patch on top of ours
+    monkeypatch.setattr(GenerationMixin, "generate", functools.wraps(compat.class_generate())(lambda *a, **k: None))
+    assert hf_semspec.is_enabled()
     with pytest.raises(RuntimeError, match=r"replaced after hf_semspec.enable\(\).*undo that replacement first"):
+        hf_semspec.disable()
+    monkeypatch.setattr(GenerationMixin, "generate", lambda *a, **k: None)
+    with pytest.raises(RuntimeError, match=r"replaced after hf_semspec was imported.*undo that replacement first"):
         hf_semspec.disable()
     monkeypatch.undo()
     hf_semspec.disable()
     assert compat.class_generate() is before
+
+
+def layers(mark):
+    """How many of hf_semspec's functions marked `mark` stand in front of transformers' `generate()`."""
+    function, count = compat.class_generate(), 0
+    while getattr(function, "__hf_semspec__", None) is not None:
+        count += getattr(function, "__hf_semspec__") == mark
+        function = function.__wrapped__
+    return count
+
+
+def test_enable_survives_a_reload_of_its_module(monkeypatch):
+    before = compat.class_generate()
+    monkeypatch.setattr(GenerationMixin, "generate", before)  # put back after the test, whatever it leaves
+    lock = enabling._LOCK
+    hf_semspec.enable()
+    importlib.reload(enabling)
+    assert enabling._LOCK is lock
+    assert enabling.is_enabled() and hf_semspec.is_enabled()
+    enabling.enable()  # still enabled: changes nothing
+    assert layers("enabled") == 1
+    enabling.disable()
+    assert compat.class_generate() is before and not hf_semspec.is_enabled()
+
+    enabling.enable()
+    importlib.reload(enabling)
+    assert enabling.is_enabled()
+    hf_semspec.disable()  # the function from before both reloads
+    assert compat.class_generate() is before and not enabling.is_enabled()
+
+
+@pytest.mark.parametrize("install, mark", [("enable", "enabled"), ("install_guard", "guard")])
+def test_two_threads_installing_at_once_leave_one_layer(monkeypatch, install, mark):
+    start_from = transformers_generate() if mark == "guard" else compat.class_generate()
+    monkeypatch.setattr(GenerationMixin, "generate", start_from)  # and back after the test
+    # Each thread's first look at GenerationMixin.generate is its check. Without a lock around check and act, this
+    # order: both threads check, then one installs, then the other, on top.
+    read, write = compat.class_generate, compat.set_class_generate
+    arrival, checked = itertools.count(), threading.local()
+    second_checked, first_installed = threading.Event(), threading.Event()
+
+    def class_generate():
+        function = read()
+        if threading.current_thread().name == "installer" and not getattr(checked, "done", False):
+            checked.done = True
+            if next(arrival) == 0:
+                second_checked.wait(timeout=1)  # with the lock, the other thread waits for this one to finish
+            else:
+                second_checked.set()
+                first_installed.wait(timeout=1)
+        return function
+
+    monkeypatch.setattr(compat, "class_generate", class_generate)
+    monkeypatch.setattr(compat, "set_class_generate", lambda function: write(function) or first_installed.set())
+    errors = []
+
+    def run():
+        try:
+            getattr(hf_semspec, install)()
+        except BaseException as error:  # noqa: BLE001 -- reported by the assertion below
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, name="installer") for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert not errors and second_checked.is_set() and layers(mark) == 1
 
 
 def test_a_pipeline_from_a_saved_path_takes_acceptance_after_enable(tmp_path, pair, monkeypatch):

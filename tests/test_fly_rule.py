@@ -22,14 +22,13 @@ PEAKED = [0.96, 0.01, 0.01, 0.01, 0.01]  # top-3 H = 0.1313
 BONUS = [0.05, 0.05, 0.2, 0.3, 0.4]  # argmax 4, to tell the bonus token from a rejection token (0)
 
 
-def inputs_from_probs(rows, drafts, do_sample=False, generator=None):
+def inputs_from_probs(rows, drafts, do_sample=False):
     """VerificationInput whose target distributions are exactly `rows` (shape `(batch, γ + 1, vocab)`)."""
     probs = torch.tensor(rows, dtype=torch.float32)
     return VerificationInput(
         draft_token_ids=torch.tensor(drafts),
         target_logits=probs.log(),
         do_sample=do_sample,
-        generator=generator,
     )
 
 
@@ -264,11 +263,12 @@ def test_sampling_draws_are_kept_per_inputs_object(fake_draws):
 
 def test_sampling_correction_is_a_draw_from_p_with_the_real_rng():
     """Unpatched: a rejected draft at a position where p puts all its mass on tokens {2, 3} emits 2 or 3 (a draw from
-    p, not the argmax), and the same generator seed gives the same result."""
+    p, not the argmax), and the same seed gives the same result."""
     p = [0.0, 0.0, 0.5, 0.5, 0.0]
     outcomes = set()
     for seed in range(20):
-        inputs = inputs_from_probs([[p, BONUS]], [[0]], do_sample=True, generator=torch.Generator().manual_seed(seed))
+        inputs = inputs_from_probs([[p, BONUS]], [[0]], do_sample=True)
+        torch.manual_seed(seed)
         result = fly(sampling="greedy_drafts").verify(inputs)
         assert result.num_accepted.item() == 0
         outcomes.add(result.next_token.item())
@@ -302,7 +302,7 @@ def test_floor_accepts_every_draft_exact_accepts_with_the_same_uniforms(patch_rn
         logits = torch.randn(8, 10, 30, generator=g) * 2
         q = torch.softmax(torch.randn(8, 9, 30, generator=g) * 2, -1)
         drafts = torch.multinomial(q.reshape(-1, 30), 1, generator=g).reshape(8, 9)
-        inputs = VerificationInput(drafts, logits, q, do_sample=True, generator=torch.Generator().manual_seed(0))
+        inputs = VerificationInput(drafts, logits, q, do_sample=True)
         exact = ExactRule().accept(inputs)
         floor = fly(window=3).accept(inputs)
         assert 0 < exact.sum() and bool((floor | ~exact).all())

@@ -40,8 +40,10 @@ def skip_unsupported(rule, do_sample):
 
 
 def make_inputs(hidden, draft_ids, do_sample, seed=0, draft_probs=None):
-    """A VerificationInput with everything any rule may ask for; target logits = `hidden @ HEAD.T`."""
+    """A VerificationInput with everything any rule may ask for; target logits = `hidden @ HEAD.T`. Seeds torch's
+    global RNG, where the rules draw from, with `seed + 1`."""
     batch, gamma = draft_ids.shape
+    torch.manual_seed(seed + 1)
     g = torch.Generator().manual_seed(seed)
     if draft_probs is None:
         draft_probs = torch.softmax(torch.randn(batch, gamma, VOCAB, generator=g), -1)
@@ -56,7 +58,6 @@ def make_inputs(hidden, draft_ids, do_sample, seed=0, draft_probs=None):
         lm_head_weight=HEAD,
         lm_head_bias=None,
         do_sample=do_sample,
-        generator=torch.Generator().manual_seed(seed + 1),
     )
 
 

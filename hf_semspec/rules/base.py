@@ -83,9 +83,15 @@ class VerificationInput:
             `requires_target_hidden_states`.
         lm_head_weight (`torch.Tensor` of shape `(vocab, hidden)`, *optional*) and `lm_head_bias` (`(vocab,)`,
             *optional*): the target's LM head, given with the hidden states.
-        do_sample (`bool`): sampling (`True`) or greedy (`False`) decoding.
-        generator (`torch.Generator`, *optional*): RNG for the rule's draws; `None` uses torch's global RNG, as
-            transformers' sampling does.
+        do_sample (`bool`): sampling (`True`) or greedy (`False`) decoding. A rule's draws come from torch's global
+            RNG, as transformers' sampling does (`torch.manual_seed` makes a round reproducible).
+        draft_limits (`tuple[int, ...]`, *optional*): the drafts each row may use, at most γ (host ints, one per
+            row): a row of a batch that is nearer its `max_length` than the batch's longest is verified as if it had
+            drafted only these, as it would be alone (its drafts from position `draft_limits[r]` on are not accepted,
+            and that position gives its bonus token). `None`: γ for every row.
+        row_ids (`tuple[int, ...]`, *optional*): each row's index in the caller's input (the rows of a dynamic batch
+            leave as they finish), for a rule that keeps state per row across rounds (`dropmatch`'s mask
+            generators); `None`: `0 .. batch − 1`.
     """
 
     draft_token_ids: torch.LongTensor
@@ -95,7 +101,8 @@ class VerificationInput:
     lm_head_weight: torch.Tensor | None = None
     lm_head_bias: torch.Tensor | None = None
     do_sample: bool = False
-    generator: torch.Generator | None = None
+    draft_limits: tuple[int, ...] | None = None
+    row_ids: tuple[int, ...] | None = None
     _memo: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     def once(self, key: str, compute: Callable[[], Any]) -> Any:
@@ -110,6 +117,14 @@ class VerificationInput:
     @property
     def num_draft_tokens(self) -> int:
         return self.draft_token_ids.shape[1]
+
+    @cached_property
+    def draft_limit(self) -> torch.LongTensor | None:
+        """`draft_limits` as a `(batch,)` tensor on the target logits' device, or `None` (the loop passes limits only
+        in the rounds where a row is nearer its end than the batch's longest: a copy to the device in those)."""
+        if self.draft_limits is None:
+            return None
+        return torch.tensor(self.draft_limits, dtype=torch.long, device=self.target_logits.device)
 
     @cached_property
     def target_probs(self) -> torch.FloatTensor:
@@ -259,7 +274,7 @@ class AcceptanceRule(ABC):
     def target_token(inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
         """The target's token at `position`: argmax when greedy, a draw from p when sampling."""
         if inputs.do_sample:
-            return sample_categorical(gather_rows(inputs.target_probs, position), inputs.generator)
+            return sample_categorical(gather_rows(inputs.target_probs, position), None)
         return gather_rows(inputs.target_greedy_ids, position)
 
     @staticmethod
@@ -270,14 +285,14 @@ class AcceptanceRule(ABC):
             return inputs.draft_token_ids == inputs.target_greedy_ids[:, :-1]
         p = inputs.target_prob_of_drafts()
         q = inputs.draft_prob_of_drafts()
-        return sample_uniform(p.shape, p.device, inputs.generator) * q < p
+        return sample_uniform(p.shape, p.device, None) * q < p
 
     @staticmethod
     def residual_token(inputs: VerificationInput, position: torch.LongTensor) -> torch.LongTensor:
         """`exact`'s token after a sampled rejection at `position`, shape `(batch,)`: a draw from norm(max(p − q, 0))."""
         p = gather_rows(inputs.target_probs, position)
         q = gather_rows(inputs.checked_draft_probs(), position).float()
-        return sample_categorical(residual_distribution(p, q), inputs.generator)
+        return sample_categorical(residual_distribution(p, q), None)
 
     @record_function("hf_semspec.verify")
     def verify(self, inputs: VerificationInput) -> VerificationResult:
@@ -306,12 +321,19 @@ class AcceptanceRule(ABC):
             # rule's own test need not look at p(x̂) (fly's window, dropmatch's JS spread); exact and ears reject
             # these drafts anyway.
             accepted = self.accept(inputs) & inputs.drafts_allowed()
+            limit, own = gamma, None
+            if inputs.draft_limit is not None:  # each row's own γ: the drafts past it are not the row's
+                limit = inputs.draft_limit
+                own = torch.arange(gamma, device=device) < limit[:, None]
+                accepted = accepted & own
             # The sequence keeps the longest all-accepted prefix: n = Σ_i Π_{j≤i} accepted_j.
             num_accepted = accepted.long().cumprod(-1).sum(-1)
-            bonus = self.target_token(inputs, num_accepted)  # valid where n == γ (row γ is the bonus row)
+            bonus = self.target_token(inputs, num_accepted)  # valid where n == the row's γ (its bonus row)
             correction = self.rejection_token(inputs, num_accepted.clamp(max=gamma - 1))
-            next_token = torch.where(num_accepted == gamma, bonus, correction)
+            next_token = torch.where(num_accepted == limit, bonus, correction)
             matched = self.own_test(inputs)
+            if matched is not None and own is not None:
+                matched = matched & own
             num_matched = None if matched is None else matched.long().cumprod(-1).sum(-1)
         return VerificationResult(
             num_accepted=num_accepted, next_token=next_token, accepted=accepted, num_matched=num_matched

@@ -66,10 +66,16 @@ Choices made here where the rule needs more than the formula (each is documented
   *or* the criterion accepts it; a rejection emits y ~ norm(max(p − q, 0)), the standard correction. So every emitted
   token would be distributed exactly as p if the criterion never fired, and the total-variation distance to p at a
   position is at most P(accepted by the criterion alone). With `accept_target_matches=False` a rejection emits y ~ p.
-- Randomness: masks come from `sample_uniform((K, batch, γ, H)) >= p` (one draw per round) from the rule's own
-  `torch.Generator`, seeded with `seed` (default 0) when the rule is built, i.e. once per `generate()` call: rounds
-  get fresh masks, the same call gives the same text whatever torch's global RNG holds, and that RNG is never
-  moved. `seed=None` draws the masks from the round's generator / torch's global RNG instead.
+- Randomness: each row of a batch draws its masks from its own `torch.Generator`, `sample_uniform((γ, K, H)) >= p`
+  once per round, every row's seeded with `seed` (default 0) when the rule is built, i.e. once per `generate()`
+  call. Rounds get fresh masks; a row's masks depend on nothing but its own rounds, so a row of a batch gets the
+  text it gets alone (the same call with that prompt only), on dynamic and static caches alike, whatever the other
+  prompts and whatever torch's global RNG holds, and that RNG is never moved. (Every row starts from the same seed
+  rather than from seed + its index: with the index, row r would equal a call of its prompt alone only with another
+  seed.) A row draws for the drafts it may use (`VerificationInput.draft_limits`: near `max_length`, fewer than
+  the batch's γ, as many as alone), so its stream of draws is the one it has alone. `seed=None` draws one
+  `(K, batch, γ, H)` block per round from torch's global RNG instead, as sampling does (then a row's text depends on
+  the batch).
 
 Cost. The K heads are a matrix product of the (K·rows, H) perturbations with Wᵀ in W's dtype plus K·rows·V float32
 logits (for V = 151,936, K = 5, γ = 5: 15 MB per temporary); rows are processed in chunks of at most 2²⁴ logits per
@@ -150,9 +156,9 @@ class DropMatchConfig(RuleConfig):
             accepts (the target's argmax when greedy, u < p/q when sampling), so the rule never rejects what `exact`
             keeps; `False` applies the dropout criterion alone.
         seed (`int` or `None`, defaults to 0): seed of the dropout masks. Each `generate()` call builds its rule
-            and so starts a fresh `torch.Generator` from this seed: the same greedy call gives the same text, whatever
-            torch's global RNG holds, and leaves that RNG untouched. `None` draws the masks from the decoding RNG
-            (torch's global RNG), as sampling does.
+            and so starts a fresh `torch.Generator` from this seed for each row: the same greedy call gives the same
+            text, each row the text it gets alone, whatever torch's global RNG holds, and that RNG is left untouched.
+            `None` draws the masks from the decoding RNG (torch's global RNG), as sampling does.
     """
 
     component_name = "dropmatch"
@@ -222,23 +228,50 @@ def dropout_head_logits(
 ) -> torch.FloatTensor:
     """Logits of the K dropout heads, l̃⁽ᵏ⁾ = target_logits + W (h ⊙ m⁽ᵏ⁾ / (1 − p) − h), in one matmul.
 
+    A sharded head: a target split over several devices (transformers' tensor parallelism, `tp_plan="auto"`) holds W
+    as a `torch.distributed.tensor.DTensor`, split over the vocabulary by the head's `"colwise_gather_output"` plan
+    (each rank holds about `vocab / world_size` rows). The perturbation, the same on every rank (same hidden states,
+    masks drawn from generators seeded alike), is then taken as replicated on W's device mesh, each rank multiplies
+    it by its own rows of W, and the `(K, ..., vocab)` product is all-gathered over the vocabulary, as the head's own
+    output is: every rank gets the same heads, computed with the whole of W. Cost: one all-gather of the heads'
+    logits (K·rows·vocab values in W's dtype) per call, i.e. per chunk of rows each round the heads run; the head
+    itself is never gathered (vocab·hidden values, a whole copy of it on every rank, which tensor parallelism is
+    there to avoid). No host sync: the collective is queued on the device's stream, like the model's own. Every rank
+    must make the same calls (the same rows), which it does when the ranks agree on the round, as they must to
+    decode the same tokens.
+
     Args:
         hidden (`torch.Tensor` of shape `(..., hidden)`): h, the input of the LM head.
         keep (`torch.BoolTensor` of shape `(K, ..., hidden)`): the masks m⁽ᵏ⁾ (`True` = kept).
         dropout (`float`): p, in (0, 1).
-        lm_head_weight (`torch.Tensor` of shape `(vocab, hidden)`): W; the bias cancels and is not needed.
+        lm_head_weight (`torch.Tensor` or `DTensor` of shape `(vocab, hidden)`): W; the bias cancels and is not
+            needed.
         target_logits (`torch.Tensor` of shape `(..., vocab)`): the (processed) target logits at h; without logits
             processors they equal `h @ W.T + b`, and the result is then exactly `h⁽ᵏ⁾ @ W.T + b`.
 
     Returns:
-        `torch.FloatTensor` of shape `(K, ..., vocab)`, float32, on `target_logits`' device.
+        `torch.FloatTensor` of shape `(K, ..., vocab)`, float32, on `target_logits`' device (a plain tensor, also
+        for a sharded W).
     """
     h = hidden.float()
     # h ⊙ m / (1 − p) − h: kept coordinates move by h·p/(1 − p), dropped ones by −h.
     perturbation = torch.where(keep, h * (dropout / (1.0 - dropout)), -h)
     weight = lm_head_weight
-    delta = torch.matmul(perturbation.to(device=weight.device, dtype=weight.dtype), weight.T)  # all K heads at once
+    perturbation = perturbation.to(device=weight.device, dtype=weight.dtype)
+    sharded = False
+    if torch.distributed.is_available():
+        from torch.distributed.tensor import DTensor, Replicate
+
+        if isinstance(weight, DTensor):  # a tensor-parallel head: replicated input, output gathered over the vocab
+            sharded = True
+            mesh = weight.device_mesh
+            perturbation = DTensor.from_local(perturbation, mesh, [Replicate()] * mesh.ndim, run_check=False)
+    delta = torch.matmul(perturbation, weight.T)  # all K heads at once
+    if sharded:
+        delta = delta.full_tensor()
     delta = delta.to(device=target_logits.device, dtype=torch.float32)
+    if delta.requires_grad:  # outside no_grad a gathered DTensor product is a view autograd forbids changing in place
+        return delta + target_logits.float()
     return delta.add_(target_logits.float())  # `delta` is a fresh tensor: adding in place copies nothing
 
 
@@ -271,7 +304,8 @@ class DropMatchRule(AcceptanceRule):
 
     def __init__(self, config: DropMatchConfig | None = None):
         super().__init__(config)
-        self._mask_generators: dict[torch.device, torch.Generator] = {}
+        # One generator per (device, row of the caller's input), created at the row's first round.
+        self._mask_generators: dict[tuple[torch.device, int], torch.Generator] = {}
         # Only the JS criterion compares q with the heads; `vote` spares the drafter a full softmax per greedy step.
         self.requires_draft_probs = self.config.criterion == "js"
 
@@ -293,12 +327,12 @@ class DropMatchRule(AcceptanceRule):
                     "use acceptance='fly' or 'ears' with this model",
                 )
 
-    def _mask_generator(self, inputs: VerificationInput, device: torch.device) -> torch.Generator | None:
-        if self.config.seed is None:
-            return inputs.generator
-        if device not in self._mask_generators:
-            self._mask_generators[device] = torch.Generator(device=device).manual_seed(self.config.seed)
-        return self._mask_generators[device]
+    def _mask_generator(self, device: torch.device, row: int) -> torch.Generator:
+        """Row `row`'s generator (its index in the caller's input), seeded with `seed` at its first round."""
+        key = (device, row)
+        if key not in self._mask_generators:
+            self._mask_generators[key] = torch.Generator(device=device).manual_seed(self.config.seed)
+        return self._mask_generators[key]
 
     def _check_inputs(self, inputs: VerificationInput) -> None:
         if inputs.target_hidden_states is None or inputs.lm_head_weight is None:
@@ -327,10 +361,23 @@ class DropMatchRule(AcceptanceRule):
         )
 
     def draw_masks(self, inputs: VerificationInput) -> torch.BoolTensor:
-        """m⁽ᵏ⁾ for every draft position, shape `(K, batch, γ, hidden)`: `sample_uniform(...) >= p`."""
+        """m⁽ᵏ⁾ for every draft position, shape `(K, batch, γ, hidden)`: `sample_uniform(...) >= p`, each row's
+        `(γ, K, hidden)` from its own generator (`inputs.row_ids`), or one block from torch's global RNG when
+        `seed=None` (module docstring, Randomness)."""
         hidden = inputs.target_hidden_states
-        shape = (self.config.num_heads, hidden.shape[0], inputs.num_draft_tokens, hidden.shape[-1])
-        return sample_uniform(shape, hidden.device, self._mask_generator(inputs, hidden.device)) >= self.config.dropout
+        batch, gamma, heads, size = hidden.shape[0], inputs.num_draft_tokens, self.config.num_heads, hidden.shape[-1]
+        device = hidden.device
+        if self.config.seed is None:
+            return sample_uniform((heads, batch, gamma, size), device, None) >= self.config.dropout
+        rows = inputs.row_ids if inputs.row_ids is not None else range(batch)
+        limits = inputs.draft_limits if inputs.draft_limits is not None else (gamma,) * batch
+        # A row draws for the drafts it may use only (`draft_limits`: as many as alone); the rest are never accepted.
+        draws = [
+            torch.nn.functional.pad(sample_uniform((limit, heads, size), device, self._mask_generator(device, row)),
+                                    (0, 0, 0, 0, 0, gamma - limit))
+            for row, limit in zip(rows, limits)
+        ]
+        return torch.stack(draws).permute(2, 0, 1, 3) >= self.config.dropout
 
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
         self._check_inputs(inputs)

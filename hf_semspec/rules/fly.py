@@ -219,12 +219,14 @@ def target_entropy(probs: torch.Tensor, kind: str = "top3") -> torch.FloatTensor
     raise ValueError(f"unknown entropy kind {kind!r}; expected one of {ENTROPY_KINDS}")
 
 
-def deferred_window(delta: torch.BoolTensor, window: int) -> torch.BoolTensor:
+def deferred_window(delta: torch.BoolTensor, window: int, limit: torch.LongTensor | None = None) -> torch.BoolTensor:
     """D_i = Δ_i ∨ (i + W < γ ∧ Δ_{i+1} ∧ … ∧ Δ_{i+W−1}), vectorized over batch and positions.
 
     Args:
         delta (`torch.BoolTensor` of shape `(batch, γ)`): raw (exact) acceptance Δ.
         window (`int`): W ≥ 1.
+        limit (`torch.LongTensor` of shape `(batch,)`, *optional*): each row's own γ where it drafted fewer than the
+            batch (`VerificationInput.draft_limit`): its flips need i + W < its γ, as alone.
 
     Returns:
         `torch.BoolTensor` of shape `(batch, γ)`: Δ with the mismatches the window defers turned to `True`.
@@ -239,7 +241,7 @@ def deferred_window(delta: torch.BoolTensor, window: int) -> torch.BoolTensor:
     end = (positions + window).clamp(max=gamma)
     window_clean = mismatches_before[:, end] == mismatches_before[:, start]
     # The authors' code resets the last W positions to their raw verdict: flips only where i + W < γ.
-    flippable = positions + window < gamma
+    flippable = positions + window < (gamma if limit is None else limit.to(delta.device)[:, None])
     return delta | (window_clean & flippable)
 
 
@@ -276,7 +278,7 @@ class FLyRule(AcceptanceRule):
         probs = inputs.target_probs[:, :-1]
         return inputs.once(
             "fly_target_samples",
-            lambda: sample_categorical(probs.unsqueeze(-2).expand(-1, -1, 2, -1), inputs.generator),
+            lambda: sample_categorical(probs.unsqueeze(-2).expand(-1, -1, 2, -1), None),
         )
 
     def standard_test(self, inputs: VerificationInput) -> torch.BoolTensor:
@@ -303,7 +305,7 @@ class FLyRule(AcceptanceRule):
 
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
         delta = self.raw_acceptance(inputs)
-        deferred = deferred_window(delta, self.config.window)
+        deferred = deferred_window(delta, self.config.window, inputs.draft_limit)
         entropy = target_entropy(inputs.target_probs[:, :-1], self.config.entropy)
         return deferred & (delta | (entropy >= self.config.entropy_threshold))
 

@@ -1,7 +1,7 @@
 """GPU benchmark: speculative decoding with random-weight models built from real configs (no weights to download).
 
     python benchmarks/gpu.py                          # Qwen2.5-Coder-1.5B target / 0.5B draft shapes, bf16, cuda
-    python benchmarks/gpu.py --target qwen2.5-7b      # a 7B-class target (vocabulary of the 0.5B draft)
+    python benchmarks/gpu.py --target qwen2.5-7b      # a 7B-class target (its vocabulary padded to 152064 rows)
     python benchmarks/gpu.py --batch-sizes 1,8,32     # batched rows (eager, dynamic caches)
     python benchmarks/gpu.py --target tiny --draft tiny --device cpu --dtype float32 --compile-backend aot_eager \
         --new-tokens 8 --prompt-length 8               # a smoke run (what tests/test_benchmark_gpu.py runs)
@@ -57,12 +57,31 @@ SHAPES = {
                                num_key_value_heads=2, vocab_size=151936),
     "qwen2.5-coder-0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                                num_key_value_heads=2, vocab_size=151936),
-    # Qwen2.5-7B's shape; its real vocabulary is padded to 152064, here the 0.5B draft's 151936 so that they pair.
+    # Qwen2.5-7B's shape, its vocabulary padded to 152064 rows where the small models' is padded to 151936: the same
+    # tokenizer (TOKENIZER_SIZES), paired as hf_semspec pairs padded vocabularies (`generate(tokenizer=...)`).
     "qwen2.5-7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
-                       num_key_value_heads=4, vocab_size=151936),
+                       num_key_value_heads=4, vocab_size=152064),
     "tiny": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=512),
+    # `tiny` with 8 padding rows more: the padded pair in a smoke run (`--target tiny-padded --draft tiny`).
+    "tiny-padded": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                        num_key_value_heads=2, vocab_size=520),
 }
+# The ids each shape's tokenizer produces: Qwen2.5's 151,665 (151,643 and 22 added tokens); the rows past them, up to
+# `vocab_size`, are padding. Prompts are drawn below it, and the speculative calls pass a tokenizer of that size.
+TOKENIZER_SIZES = {"qwen2.5-coder-1.5b": 151665, "qwen2.5-coder-0.5b": 151665, "qwen2.5-7b": 151665, "tiny": 512,
+                   "tiny-padded": 512}
+
+
+class TokenizerOfSize:
+    """Stands in for the models' tokenizer, whose files a random-weight run does not have: `generate(tokenizer=...)`
+    reads only its size (`len`) to pair a target and a draft whose vocabularies differ by padding."""
+
+    def __init__(self, size: int):
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
 DEFAULT_ACCEPTANCE = REPO_ROOT / "benchmarks" / "results" / "reference-acceptance.json"
 
 
@@ -146,7 +165,7 @@ def compile_config(args) -> CompileConfig:
 def forward_costs(model, args, timer: Timer, batch_size: int, gammas: list[int]) -> dict:
     """ms of an eager forward over γ + 1 new tokens after a prompt of `--prompt-length` (dynamic cache), for each γ in
     `gammas` (γ = 0: a one-token step)."""
-    prompt = torch.randint(1, SHAPES[args.target]["vocab_size"], (batch_size, args.prompt_length), device=args.device)
+    prompt = torch.randint(1, TOKENIZER_SIZES[args.target], (batch_size, args.prompt_length), device=args.device)
     costs = {}
     with torch.no_grad():
         for gamma in gammas:
@@ -250,10 +269,10 @@ def live(target, draft, args, timer: Timer, method: str, rule: str | None = None
     """One timed generation (after an untimed one that compiles what it needs); `times` records the timed one's
     forwards."""
     new_tokens = new_tokens or args.new_tokens
-    vocab = SHAPES[args.target]["vocab_size"]
     # The same prompt for every method at a batch size, so that each run's text can be compared with plain decoding's.
     generator = torch.Generator().manual_seed(args.seed * 1000 + batch_size)
-    prompt = torch.randint(1, vocab, (batch_size, args.prompt_length), generator=generator).to(args.device)
+    prompt = torch.randint(1, TOKENIZER_SIZES[args.target], (batch_size, args.prompt_length),
+                           generator=generator).to(args.device)
     common = dict(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     if compiled:
         common.update(cache_implementation="static", compile_config=compile_config(args))
@@ -270,6 +289,7 @@ def live(target, draft, args, timer: Timer, method: str, rule: str | None = None
     else:
         def call():
             return target.generate(prompt, assistant_model=draft, acceptance=rule, num_assistant_tokens=args.gamma,
+                                   tokenizer=TokenizerOfSize(TOKENIZER_SIZES[args.target]),
                                    return_dict_in_generate=True, **common)
     with torch.no_grad():
         call()  # compiles, captures, allocates

@@ -112,3 +112,16 @@ def test_forward_times_record_the_loops_forwards_and_restore_the_method(tmp_path
 def test_parts_are_checked():
     with pytest.raises(SystemExit, match="--parts"):
         gpu.main(["--parts", "eager,fast", "--device", "cpu", "--target", "tiny", "--draft", "tiny"])
+
+
+def test_a_padded_target_pairs_with_the_draft_as_the_7b_does():
+    """`--target qwen2.5-7b` has 152064 rows against the draft's 151936: the live runs pass a tokenizer of the shared
+    size, as `tiny-padded` (520 rows) does with `tiny` (512) here, and draw prompts below it."""
+    assert gpu.SHAPES["qwen2.5-7b"]["vocab_size"] == 152064 > gpu.SHAPES["qwen2.5-coder-0.5b"]["vocab_size"]
+    target = gpu.random_model("tiny-padded", torch.float32, "cpu", 0)
+    draft = gpu.random_model("tiny", torch.float32, "cpu", 1)
+    args = gpu.build_parser().parse_args(["--target", "tiny-padded", "--draft", "tiny", "--device", "cpu",
+                                          "--prompt-length", "8", "--gamma", "3"])
+    record = gpu.live(target, draft, args, gpu.Timer("cpu"), "semspec", "exact", new_tokens=12)
+    plain = gpu.live(target, None, args, gpu.Timer("cpu"), "plain", new_tokens=12)
+    assert record["text"] == plain["text"] and record["tau"] >= 1

@@ -78,3 +78,14 @@ def test_round_budget_caps_by_free_slots_only_on_static_caches():
     assert round_budget(wanted=6, room=150, free_slots=2, holes=False) == 2  # static: its slots
     assert round_budget(wanted=6, room=4, free_slots=None, holes=False) == 3  # max_length: a round adds γ + 1
     assert round_budget(wanted=6, room=1, free_slots=None, holes=False) == 0
+
+
+def test_a_round_with_no_drafts_teaches_heuristic_nothing():
+    """Near max_length a round may draft nothing; 0 of 0 is not "every draft accepted" (+2)."""
+    from hf_semspec.draft_length import POLICIES, RoundOutcome
+
+    policy = POLICIES.build("heuristic", {"initial_tokens": 5})
+    policy.observe(RoundOutcome(0, 0, 0.1))
+    assert policy.max_tokens() == 5
+    policy.observe(RoundOutcome(5, 5, 0.1))
+    assert policy.max_tokens() == 7

@@ -81,6 +81,8 @@ class HeuristicPolicy(DraftLengthPolicy):
         return self.num_tokens
 
     def observe(self, outcome: RoundOutcome) -> None:
+        if outcome.num_drafted == 0:
+            return  # a round with no drafts (one token left before max_length) tested nothing: no step either way
         # A round cut at the output's end (a drafted EOS, a stop) accepted every draft it output, and the drafts after
         # the end are censored, not rejected (transformers 5.x gives −1 at an EOS: module docstring).
         if outcome.num_accepted == outcome.num_drafted or outcome.cut:

@@ -9,7 +9,7 @@ No paper: the rule is the one in transformers' `AssistedCandidateGenerator.updat
 
 where γ_t is the round's budget, γ̂_t the tokens actually drafted (fewer than γ_t near `max_length`) and n_t the
 drafts accepted. As in transformers, the test compares the accepted count with the tokens *drafted*, the floor is 1,
-and the increment applies to the budget. Two differences:
+and the increment applies to the budget. Three differences:
 - transformers lets γ grow without bound (its loop caps each round near `max_length`); here γ never exceeds
   `max_tokens` (default 128, the package's largest draft).
 - The last round of an output that ends inside it (an accepted EOS draft, a stopping criterion: `RoundOutcome.cut`)
@@ -17,6 +17,8 @@ and the increment applies to the budget. Two differences:
   judged. transformers 5.x counts the matches again after cutting at the EOS, one fewer than drafted, so such a
   round gives −1 there (it does not cut at other stopping criteria). Only the length a "heuristic" schedule carries
   into the next call can differ.
+- A round that drafted nothing (one token left before `max_length`, or a static cache's last free slots) leaves γ
+  as it is: 0 of 0 tested no draft. transformers reads it as every draft accepted, +2.
 
 Where the state lives. transformers keeps γ on the *assistant model*: with "heuristic" it writes γ back to
 `assistant_model.generation_config.num_assistant_tokens` at the end of `generate()`, so the next call starts where the

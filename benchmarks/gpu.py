@@ -302,7 +302,9 @@ def live(target, draft, args, timer: Timer, method: str, rule: str | None = None
               "text": sequences[:, args.prompt_length:].tolist()}
     stats = getattr(out, "acceptance_stats", None)
     if stats is not None:
-        record.update(tau=stats.mean_accepted_length, rounds=stats.num_target_forwards,
+        # τ per row (pooled over a batch's rows) and, for batches, the batch's tokens per forward
+        record.update(tau=stats.mean_accepted_length, tokens_per_forward=stats.tokens_per_forward,
+                      rounds=stats.num_target_forwards,
                       round_ms=seconds * 1e3 / stats.num_target_forwards)
     return record
 

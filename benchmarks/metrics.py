@@ -27,9 +27,7 @@ import torch
 from hf_semspec.stats import AcceptanceStats
 
 # The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
-# The lists of `AcceptanceStats` kept per round (and a batch's τ per row): optional in files written before them,
-# left out of summaries over prompts.
-PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round", "mean_accepted_length_per_row")
+PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards
@@ -236,7 +234,8 @@ def acceptance_from_dict(d: dict) -> AcceptanceStats:
     """Rebuilds `AcceptanceStats` from its `to_dict()` (counts only; the rates are derived). Files written before the
     stats kept each round (`drafted_per_round`, `accepted_per_round`) rebuild with those lists empty."""
     fields = AcceptanceStats.__dataclass_fields__
-    return AcceptanceStats(**{k: d[k] for k in fields if k in d or k not in PER_ROUND_FIELDS})
+    # (`num_row_forwards`, absent from files written before it, is then filled from `num_target_forwards`.)
+    return AcceptanceStats(**{k: d[k] for k in fields if k in d or k not in PER_ROUND_FIELDS + ("num_row_forwards",)})
 
 
 def pooled_acceptance(stats: AcceptanceStats) -> dict:

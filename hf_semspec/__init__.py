@@ -13,6 +13,7 @@ from ._versions import check_versions
 
 check_versions()  # before anything imports torch or transformers: outside the supported ranges, say so first
 
+from .compare import ComparisonReport, compare  # noqa: E402
 from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode  # noqa: E402
 from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy  # noqa: E402
 from .enabling import disable, enable, install_guard, is_enabled  # noqa: E402
@@ -33,6 +34,7 @@ __version__ = "0.1.0"
 __all__ = [
     "AcceptanceRule",
     "AcceptanceStats",
+    "ComparisonReport",
     "DraftLengthPolicy",
     "RuleConfig",
     "SemSpecConfigError",
@@ -42,6 +44,7 @@ __all__ = [
     "attach",
     "available_draft_length_policies",
     "available_rules",
+    "compare",
     "detach",
     "disable",
     "enable",

@@ -424,7 +424,7 @@ def speculative_decode(
             outcomes.append(outcome)
             if ends:
                 finished.append(i)
-        draft_length.observe(_round_outcome(outcomes, gamma, seconds, first_round))
+        draft_length.observe(_round_outcome(outcomes, seconds, first_round))
         first_round = False
 
         # 6. Append, stream, and roll both caches back to the slots the rows still need: through each row's accepted
@@ -457,16 +457,17 @@ def speculative_decode(
     return loop.outputs(generation_config)
 
 
-def _round_outcome(rows: list[RoundOutcome], gamma: int, seconds: float, first_round: bool) -> RoundOutcome:
+def _round_outcome(rows: list[RoundOutcome], seconds: float, first_round: bool) -> RoundOutcome:
     """The one outcome a round reports to the draft-length policy: that of its median row.
 
     A round is one step for the policy, however many rows it verified, so that B identical rows take the rounds one
     row takes. Its outcome is the row with the lower median accepted drafts among the rows still decoding (with that
-    row's `num_matched` and `cut`): a real row's round, which one row that met its EOS or a far-off prompt does not
-    swing as a mean would. `seconds` is the round's, for all its rows.
+    row's drafts, `num_matched` and `cut`: near `max_length` a row may use fewer than `gamma`, its `draft_limits`):
+    a real row's round, which one row that met its EOS or a far-off prompt does not swing as a mean would. `seconds`
+    is the round's, for all its rows.
     """
     median = sorted(rows, key=lambda outcome: outcome.num_accepted)[(len(rows) - 1) // 2]
-    return RoundOutcome(gamma, median.num_accepted, seconds, includes_prefill=first_round,
+    return RoundOutcome(median.num_drafted, median.num_accepted, seconds, includes_prefill=first_round,
                         num_matched=median.num_matched, cut=median.cut)
 
 
@@ -630,7 +631,7 @@ class _Loop:
         # not count as accepted, even where the target agrees with them, and a round cut among its accepted drafts
         # saw no rejection (`cut`: its tokens are `keep`, not accepted + 1).
         outcome = RoundOutcome(
-            gamma, min(accepted, keep), 0.0,
+            gamma if draft_limits is None else draft_limits[i], min(accepted, keep), 0.0,
             num_matched=None if num_matched is None else min(num_matched, keep), cut=keep <= accepted,
         )
         return keep, ends, outcome

@@ -492,7 +492,7 @@ def _check_vocabularies(model: torch.nn.Module, assistant_model: Any, tokenizer:
             f"ids below the target's vocab_size {target_vocab} (the pruned drafter proposes target ids)",
             "prune the drafter from a model whose tokenizer is the target's",
         )
-    if target_vocab == draft_vocab:
+    if target_vocab == draft_vocab or kept is not None:  # (a pruned drafter proposes only its kept ids, checked above)
         return
     if tokenizer is None:
         raise invalid_value(

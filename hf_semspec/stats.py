@@ -10,8 +10,9 @@ class AcceptanceStats:
     """Counts of one `generate()` call (or several, merged with `+`).
 
     Two figures a batch tells apart: `tokens_per_forward`, the new tokens of every row per target forward (one
-    forward verifies all rows: the batch's yield per forward), and `mean_accepted_length`, τ, each row's tokens per
-    forward of the rounds it took part in, averaged over the rows. With one row they are the same number.
+    forward verifies all rows: the batch's yield per forward), and `mean_accepted_length`, τ, the rows' tokens per
+    forward of the rounds each took part in, pooled over the rows (Σ tokens / Σ `num_row_forwards`): the τ the same
+    prompts give one by one, merged with `+`. With one row they are the same number.
 
     Attributes:
         num_target_forwards (`int`): target forward passes made by the speculative loop (one per round).
@@ -27,8 +28,8 @@ class AcceptanceStats:
             times the rows of a batched verification): the lengths a draft-length policy chose, in order.
         accepted_per_round (`list[int]`): `accepted_per_round[r]` = draft tokens the rule accepted in round `r` (its
             verdicts, as `num_accepted`, summed over the rows).
-        mean_accepted_length_per_row (`list[float]`): each row's τ, for the statistics of a batch (`of_batch`;
-            merged calls keep every row's); empty for one row's.
+        num_row_forwards (`int`): target forwards counted once per row they verified: each row's rounds, summed
+            over the rows (`num_target_forwards` for one row; filled from it when not given).
     """
 
     num_target_forwards: int = 0
@@ -39,7 +40,11 @@ class AcceptanceStats:
     accepted_per_position: list[int] = field(default_factory=list)
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
-    mean_accepted_length_per_row: list[float] = field(default_factory=list)
+    num_row_forwards: int | None = None
+
+    def __post_init__(self):
+        if self.num_row_forwards is None:  # one row's statistics (or a file written before the field)
+            self.num_row_forwards = self.num_target_forwards
 
     @property
     def tokens_per_forward(self) -> float:
@@ -49,10 +54,9 @@ class AcceptanceStats:
     @property
     def mean_accepted_length(self) -> float:
         """τ: new tokens per target forward, the usual "mean accepted length" (accepted drafts + 1 per round); for a
-        batch, each row's τ averaged over the rows (`tokens_per_forward` counts every row's tokens per forward)."""
-        if self.mean_accepted_length_per_row:
-            return sum(self.mean_accepted_length_per_row) / len(self.mean_accepted_length_per_row)
-        return self.tokens_per_forward
+        batch, per forward of each row, pooled over the rows (`tokens_per_forward` counts every row's tokens per
+        forward)."""
+        return self.num_new_tokens / self.num_row_forwards if self.num_row_forwards else 0.0
 
     @property
     def mean_accepted_drafts(self) -> float:
@@ -93,21 +97,15 @@ class AcceptanceStats:
             ],
             drafted_per_round=self.drafted_per_round + other.drafted_per_round,
             accepted_per_round=self.accepted_per_round + other.accepted_per_round,
-            mean_accepted_length_per_row=self._row_taus() + other._row_taus()
-            if self.mean_accepted_length_per_row or other.mean_accepted_length_per_row else [],
+            num_row_forwards=self.num_row_forwards + other.num_row_forwards,
         )
-
-    def _row_taus(self) -> list[float]:
-        """Each row's τ: a batch's list, or this one row's (none before its first round)."""
-        if self.mean_accepted_length_per_row:
-            return list(self.mean_accepted_length_per_row)
-        return [self.mean_accepted_length] if self.num_target_forwards else []
 
     def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int) -> None:
         """Adds one round of one row: `num_drafted` drafts, of which the rule accepted the first `num_accepted` (its
         verdicts), and the `num_new_tokens` the row's sequence took (fewer than `num_accepted + 1` where the output
         ended inside the round). The loop reads these on the host with the round's one sync."""
         self.num_target_forwards += 1
+        self.num_row_forwards += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.num_new_tokens += num_new_tokens
@@ -125,8 +123,8 @@ class AcceptanceStats:
     def of_batch(cls, rows: list["AcceptanceStats"]) -> "AcceptanceStats":
         """A batched call's statistics from its rows': every count summed, except target forwards, one per round (a
         batched forward verifies every row; a row's rounds are the first ones, while it was decoding), per round
-        the drafts and accepted drafts of all the rows in it, and each row's τ (`mean_accepted_length` is then their
-        mean, `tokens_per_forward` the batch's yield)."""
+        the drafts and accepted drafts of all the rows in it; `num_row_forwards` keeps every row's forwards, so
+        `mean_accepted_length` is the rows' pooled τ and `tokens_per_forward` the batch's yield."""
         total = sum(rows, cls())
         rounds = max((len(r.drafted_per_round) for r in rows), default=0)
         total.num_target_forwards = rounds
@@ -134,7 +132,6 @@ class AcceptanceStats:
                                    for i in range(rounds)]
         total.accepted_per_round = [sum(r.accepted_per_round[i] for r in rows if i < len(r.accepted_per_round))
                                     for i in range(rounds)]
-        total.mean_accepted_length_per_row = [r.mean_accepted_length for r in rows] if len(rows) > 1 else []
         return total
 
     def to_dict(self) -> dict:

@@ -111,3 +111,57 @@ def test_sampled_num_return_sequences_gives_rows_distributed_as_the_target():
     counts = torch.bincount(out[:, 5], minlength=16)
     assert chi_square_p_value(counts[p > 0.02], p[p > 0.02] / p[p > 0.02].sum()) > 1e-3
     assert len({tuple(r) for r in out[:, 5:].tolist()}) > 100
+
+
+# --- near max_length: a row verified with the drafts it may use (`VerificationInput.draft_limits`) ---
+
+
+def test_fly_flips_only_where_the_row_s_own_window_fits():
+    """γ = 7, W = 6, the first draft a mismatch and the rest right, a flat target (the gate open): with all 7 drafts
+    the window defers the mismatch (1 + 6 ≤ 7); a row limited to 3 drafts, alone, could not: none accepted, and its
+    num_matched stops at its limit."""
+    from hf_semspec.rules import VerificationInput
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 8, 16) * 0.01  # near-uniform: top-3 entropy above fly's threshold
+    greedy = logits.argmax(-1)
+    drafts = greedy[:, :7].clone()
+    drafts[0, 0] = (greedy[0, 0] + 1) % 16
+    rule = RULES.build("fly", {"window": 6})
+    assert rule.verify(VerificationInput(drafts, logits)).num_accepted.tolist() == [7]
+    limited = rule.verify(VerificationInput(drafts, logits, draft_limits=(3,)))
+    assert limited.num_accepted.tolist() == [0] and limited.next_token.tolist() == [int(greedy[0, 0])]
+    drafts[0, 0] = greedy[0, 0]  # all right: the row matches its 3, not the batch's 7
+    assert rule.verify(VerificationInput(drafts, logits, draft_limits=(3,))).num_matched.tolist() == [3]
+
+
+def test_a_row_that_accepts_all_its_drafts_samples_its_bonus_from_p(patch_rng):
+    """Sampling, a row limited to 2 of the round's 4 drafts that accepts both: its next token is drawn from p at
+    position 2 (its bonus), not from the residual of the draft there, as alone."""
+    from hf_semspec.rules import VerificationInput
+
+    patch_rng(uniform=0.0, categorical="argmax")  # u = 0: every draft passes the standard test; draws take argmax
+    p = torch.softmax(torch.randn(1, 5, 8, generator=torch.Generator().manual_seed(1)), -1)
+    top = int(p[0, 2].argmax())
+    drafts = torch.tensor([[1, 2, top, 4]])
+    q = torch.full((1, 4, 8), 0.01).scatter(-1, drafts[..., None], 0.93)
+    # The draft at the row's bonus position is p's top token with q(top) = 0.93 > p(top): the residual
+    # norm(max(p − q, 0)) there has another argmax, so a residual draw would show.
+    assert int((p[0, 2] - q[0, 2]).clamp_min(0).argmax()) != top
+    result = RULES.build("exact", {}).verify(
+        VerificationInput(drafts, p.log(), q, do_sample=True, draft_limits=(2,)))
+    assert result.num_accepted.tolist() == [2]
+    assert result.next_token.tolist() == [top]  # the bonus, drawn from p itself
+
+
+def test_the_policy_learns_from_the_median_row(attached, monkeypatch):
+    """Three rows that accept 0, 2 and all of their drafts: the policy sees the middle one, once per round."""
+    from hf_semspec import decoding
+    from hf_semspec.draft_length import RoundOutcome
+
+    rows = [RoundOutcome(5, 5, 0.0, cut=True), RoundOutcome(5, 0, 0.0), RoundOutcome(5, 2, 0.0, num_matched=1)]
+    median = decoding._round_outcome(rows, seconds=0.3, first_round=False)
+    assert (median.num_accepted, median.num_matched, median.cut, median.seconds) == (2, 1, False, 0.3)
+    assert decoding._round_outcome(rows[:2], 0.3, True).num_accepted == 0  # the lower median of two
+    limited = decoding._round_outcome([RoundOutcome(3, 3, 0.0)], 0.3, False)
+    assert (limited.num_drafted, limited.num_accepted) == (3, 3)  # a row's own drafts, not the round's γ

@@ -187,3 +187,19 @@ def test_sampled_exact_with_a_padded_target_is_distributed_as_the_target():
     counts = torch.bincount(out[:, 5], minlength=20)
     assert chi_square_p_value(counts[p > 0.02], p[p > 0.02] / p[p > 0.02].sum()) > 1e-3
     assert bool((out[:, 5:] >= 16).any())
+
+
+def test_a_pruned_drafter_is_checked_by_its_kept_ids(attached, close_draft, kept_ids):
+    """A pruned drafter proposes only its kept ids: over a padded backbone it needs no tokenizer, but a kept id the
+    target has no row for is refused, naming it."""
+    from conftest import SlicedHeadDrafter
+
+    backbone = padded(close_draft, PADDING)
+    fine = SlicedHeadDrafter(backbone, kept_ids)
+    out = attached.generate(prompt(6), assistant_model=fine, acceptance="exact", max_new_tokens=6, eos_token_id=None)
+    plain = type(attached).generate(attached, prompt(6), max_new_tokens=6, eos_token_id=None, do_sample=False)
+    assert out.tolist() == plain.tolist()
+    beyond = SlicedHeadDrafter(backbone, torch.cat([kept_ids, torch.tensor([VOCAB + 1])]))
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_model.kept_token_ids` = 'ids up to 129'.*below the "
+                                                 r"target's vocab_size 128"):
+        attached.generate(prompt(6), assistant_model=beyond, acceptance="exact", max_new_tokens=4)

@@ -69,15 +69,18 @@ def test_a_batch_s_statistics_sum_its_rows_with_one_forward_per_round():
     assert (total.num_drafted, total.num_accepted, total.num_new_tokens) == (15, 9, 12)
     assert total.drafted_per_position == [5, 5, 5] and total.accepted_per_position == [4, 3, 2]
     assert total.drafted_per_round == [6, 6, 3] and total.accepted_per_round == [3, 6, 0]
-    # Two figures apart: the batch's tokens per forward (12 / 3), and τ per row averaged ((7 / 3 + 5 / 2) / 2).
+    # Two figures apart: the batch's tokens per forward (12 / 3), and τ per row's forward, pooled over the rows
+    # (12 tokens over the 3 + 2 forwards the rows took part in): what the two prompts give one by one, merged.
     assert total.tokens_per_forward == 4.0
-    assert total.mean_accepted_length_per_row == [7 / 3, 5 / 2]
-    assert total.mean_accepted_length == (7 / 3 + 5 / 2) / 2
+    assert total.num_row_forwards == 5 and total.mean_accepted_length == 12 / 5
+    assert (first + second).mean_accepted_length == total.mean_accepted_length
     assert first.mean_accepted_length == first.tokens_per_forward == 7 / 3  # one row: the same figure
-    # Merging the batch's call with a one-row call keeps each row's τ.
+    # Merged with a one-row call, and through a file written before `num_row_forwards` (filled from the forwards).
     merged = total + second
-    assert merged.mean_accepted_length_per_row == [7 / 3, 5 / 2, 5 / 2]
-    assert merged.to_dict()["mean_accepted_length"] == merged.mean_accepted_length == (7 / 3 + 5) / 3
+    assert merged.num_row_forwards == 7 and merged.to_dict()["mean_accepted_length"] == 17 / 7
+    old_file = {k: v for k, v in second.to_dict().items() if k in AcceptanceStats.__dataclass_fields__}
+    del old_file["num_row_forwards"]
+    assert AcceptanceStats(**old_file).mean_accepted_length == second.mean_accepted_length
 
 
 def test_merged_stats_keep_each_calls_rounds_in_order():

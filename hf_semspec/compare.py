@@ -1,0 +1,759 @@
+"""What a relaxed acceptance rule costs on *your* prompts: every rule measured against `exact` in one run.
+
+    import hf_semspec
+    report = hf_semspec.compare(target, draft, ["def fibonacci(n):", ...], rules=["fly", "ears@beta=0.2"],
+                                tokenizer=tokenizer, max_new_tokens=256, repeats=3)
+    print(report.to_markdown())
+
+or from a shell: `python -m hf_semspec.compare --target T --draft D --prompts prompts.jsonl --rules exact,fly`.
+
+`exact` (lossless) always runs and is the reference. Per configuration (a rule and its options) the report gives what
+the rule buys, tokens/s and the speed-up over `exact`, τ and the acceptance rate, and what it costs: the share of
+prompts whose output is `exact`'s, where the outputs part, how much less likely the target finds the text it got
+(per-token negative log-likelihood over `exact`'s output), and optionally a score of your own. docs/compare.md says
+how each figure is measured and how to read it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib
+import inspect
+import json
+import math
+import numbers
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .errors import SemSpecConfigError, invalid_value
+from .generation import _is_attached, attach, detach
+from .rules import RULES
+
+if getattr(sys, "argv", [])[:1] == ["-m"]:
+    # `python -m hf_semspec.compare` imports the package, which imports this module, before runpy runs it as
+    # __main__; runpy then warns that the module was imported first. Harmless here (the CLI uses its own copy).
+    warnings.filterwarnings("ignore", message=r"'hf_semspec\.compare' found in sys\.modules", category=RuntimeWarning)
+
+REFERENCE = "exact"
+DEFAULT_RULES = ("exact", "fly", "ears")
+VARIANT_SYNTAX = "<rule> or <rule>@<option>=<value>[@<option>=<value>...], e.g. 'fly@window=4@entropy_threshold=0.5'"
+# generate() arguments that compare() sets itself, for every call.
+RESERVED_GENERATE_KWARGS = ("assistant_model", "acceptance", "acceptance_kwargs", "return_dict_in_generate",
+                            "inputs", "input_ids", "attention_mask")
+Z_95 = 1.96  # the two-sided 95% normal quantile, as benchmarks/metrics.py rounds it
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Configurations: a rule and its options, written `rule@option=value@...`
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """One compared configuration: the rule `rule` with `options` (its `acceptance_kwargs`), validated."""
+
+    rule: str
+    options: dict = field(default_factory=dict)
+
+    @property
+    def name(self) -> str:
+        """`rule@option=value@...` (strings bare, other values as JSON): the form `parse_configuration` reads back."""
+        options = (f"@{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in self.options.items())
+        return self.rule + "".join(options)
+
+    @property
+    def key(self) -> str:
+        """The options that differ from the rule's defaults: two entries with one key are one configuration."""
+        return self.rule + json.dumps(RULES.build(self.rule, self.options).config.to_dict(), sort_keys=True)
+
+
+def _option_value(text: str) -> Any:
+    """`4` → 4, `0.5` → 0.5, `true` → True, `null` → None; anything else stays a string (`normalized_full`)."""
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        return text
+
+
+def parse_configuration(entry: str | tuple[str, dict] | Configuration) -> Configuration:
+    """A `rules` entry as a validated `Configuration`: `"fly"`, `"fly@window=4@entropy_threshold=0.5"`, or
+    `("fly", {"window": 4})`. A bad rule name or option raises `SemSpecConfigError` naming the entry, the option,
+    what is allowed and the fix (the rule's own validation, `RULES.build`)."""
+    if isinstance(entry, Configuration):
+        name, options = entry.rule, dict(entry.options)
+    elif isinstance(entry, str):
+        name, *pairs = (part.strip() for part in entry.strip().split("@"))
+        options = {}
+        for pair in pairs:
+            key, equals, value = (part.strip() for part in pair.partition("="))
+            if not equals or not key or key in options:
+                raise invalid_value("rules", entry, VARIANT_SYNTAX, "write each option once, as @<option>=<value>")
+            options[key] = _option_value(value)
+    elif isinstance(entry, tuple) and len(entry) == 2 and isinstance(entry[0], str) and isinstance(entry[1], Mapping):
+        name, options = entry[0], dict(entry[1])
+    else:
+        raise invalid_value("rules", entry, VARIANT_SYNTAX + ", or a (rule, options dict) pair",
+                            "pass e.g. rules=['exact', 'fly@window=4'] or rules=[('fly', {'window': 4})]")
+    try:
+        RULES.build(name, options)
+    except SemSpecConfigError as error:
+        raise SemSpecConfigError(f"`rules` entry {entry!r}: {error}") from error
+    return Configuration(name, options)
+
+
+def parse_rules(entries: Iterable[str | tuple[str, dict] | Configuration]) -> list[Configuration]:
+    """The configurations to run, `exact` first (added where `entries` leave it out); a repeated one is an error."""
+    if isinstance(entries, str):  # one entry where a list is meant
+        raise invalid_value("rules", entries, "a list of entries, " + VARIANT_SYNTAX, f"pass rules=[{entries!r}]")
+    entries = list(entries)
+    configurations = [Configuration(REFERENCE)]
+    seen = {configurations[0].key: REFERENCE}
+    for entry in entries:
+        configuration = parse_configuration(entry)
+        if configuration.key in seen:
+            if configuration.name == REFERENCE:
+                continue  # `exact` runs anyway
+            raise invalid_value("rules", entries, "each configuration once",
+                                f"drop {configuration.name!r}: it is {seen[configuration.key]!r} again")
+        seen[configuration.key] = configuration.name
+        configurations.append(configuration)
+    return configurations
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# What is measured
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def new_token_ids(sequences: torch.Tensor, prompt_length: int, eos_token_ids: Iterable[int] = ()) -> list[int]:
+    """The new tokens of an output: ids after the prompt, up to and including the first EOS (it was generated and it
+    cost a forward). The one counter for every configuration (the benchmarks' `new_token_ids`)."""
+    ids = sequences[0, prompt_length:].tolist()
+    eos = set(eos_token_ids)
+    for i, token in enumerate(ids):
+        if token in eos:
+            return ids[: i + 1]
+    return ids
+
+
+def first_divergence(ids: Sequence[int], reference: Sequence[int]) -> int | None:
+    """The 0-based index of the first new token where `ids` and `reference` differ (where one is a prefix of the
+    other, the shorter one's length); None when they are identical."""
+    for i, (a, b) in enumerate(zip(ids, reference)):
+        if a != b:
+            return i
+    return None if len(ids) == len(reference) else min(len(ids), len(reference))
+
+
+@torch.no_grad()
+def target_nll(target: torch.nn.Module, prompt_ids: torch.LongTensor, new_ids: Sequence[int]) -> float | None:
+    """Mean over `new_ids` of −ln p(token | prompt, earlier new tokens) under `target`, in nats: one teacher-forced
+    forward over prompt + output, the raw distribution (temperature 1, no logits processors). None for no tokens.
+
+    Args:
+        target (`PreTrainedModel`): the target model.
+        prompt_ids (`torch.LongTensor` of shape `(1, prompt_length)`): the prompt, on the target's device.
+        new_ids (`Sequence[int]`): the output's new tokens.
+    """
+    if not new_ids:
+        return None
+    new = torch.tensor([list(new_ids)], dtype=torch.long, device=prompt_ids.device)
+    ids = torch.cat([prompt_ids, new], dim=1)
+    takes_keep = "logits_to_keep" in inspect.signature(target.forward).parameters
+    keep = {"logits_to_keep": new.shape[1] + 1} if takes_keep else {}  # the logits of the output's positions only
+    logits = target(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, **keep).logits
+    predicting = logits[0, -(new.shape[1] + 1) : -1].float()  # position t predicts token t + 1
+    return torch.nn.functional.cross_entropy(predicting, new[0]).item()
+
+
+def mean_interval(values: Sequence[float]) -> tuple[float | None, list[float] | None]:
+    """The mean and its normal 95% interval, mean ± 1.96·sd/√n: no interval under two values; (None, None) for
+    none."""
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    if len(values) < 2:
+        return mean, None
+    half = Z_95 * statistics.stdev(values) / math.sqrt(len(values))
+    return mean, [mean - half, mean + half]
+
+
+def geometric_mean_interval(ratios: Sequence[float]) -> tuple[float | None, list[float] | None]:
+    """The geometric mean of positive ratios and its 95% interval, exp(mean ± 1.96·sd/√n) of the log ratios (a 2×
+    and a 0.5× average to 1×); no interval under two ratios."""
+    mean, interval = mean_interval([math.log(r) for r in ratios])
+    if mean is None:
+        return None, None
+    return math.exp(mean), None if interval is None else [math.exp(interval[0]), math.exp(interval[1])]
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The report
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class PromptResult:
+    """One configuration on one prompt. The output (`new_token_ids`, `text`, τ) is the first repeat's; the timing
+    (`seconds`, `tokens_per_s`) the fastest repeat's. `speedup`, `identical`, `first_divergence`, `nll_increase` are
+    against `exact`'s on the same prompt."""
+
+    prompt_index: int
+    prompt_tokens: int
+    new_token_ids: list[int]
+    text: str | None
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float | None
+    identical: bool
+    first_divergence: int | None
+    nll: float | None
+    nll_increase: float | None
+    score: float | None
+    tau: float
+    acceptance_rate: float
+
+
+@dataclass
+class ConfigurationResult:
+    """One configuration over every prompt: a row of the report (docs/compare.md says more).
+
+    Attributes:
+        name (`str`): the configuration as `rules` takes it, e.g. `"fly@window=4"`; `rule`, `options` its parts.
+        lossless (`bool`): whether the rule keeps the target's output distribution (`exact`, `rdk`).
+        prompts, new_tokens (`int`), seconds (`float`): the prompts, their new tokens and their fastest repeats' time.
+        tokens_per_s (`float`): `new_tokens / seconds`.
+        speedup, speedup_ci95 (`float`, `[low, high]`): the geometric mean over prompts of tokens/s over `exact`'s on
+            the same prompt, and its 95% interval (None with one prompt).
+        tau, acceptance_rate (`float`): new tokens per target forward; accepted / drafted draft tokens (pooled).
+        identical_share (`float`): the share of prompts whose new tokens are `exact`'s.
+        mean_first_divergence (`float`): over the prompts that differ, the mean index of the first differing token.
+        nll (`float`): the mean over prompts of the target's per-token negative log-likelihood of the output (nats).
+        nll_increase, nll_increase_ci95 (`float`, `[low, high]`): the mean over prompts of `nll` minus `exact`'s on
+            the same prompt, and its 95% interval.
+        score_mean (`float`), score_wins, score_losses, score_ties (`int`): the scorer's mean, and the prompts where
+            the output scored above, below or equal to `exact`'s (None without a scorer).
+        per_prompt (`list[PromptResult]`): each prompt's figures and output.
+    """
+
+    name: str
+    rule: str
+    options: dict
+    lossless: bool
+    prompts: int
+    new_tokens: int
+    seconds: float
+    tokens_per_s: float
+    speedup: float | None
+    speedup_ci95: list[float] | None
+    tau: float
+    acceptance_rate: float
+    identical_share: float
+    mean_first_divergence: float | None
+    nll: float | None
+    nll_increase: float | None
+    nll_increase_ci95: list[float] | None
+    score_mean: float | None
+    score_wins: int | None
+    score_losses: int | None
+    score_ties: int | None
+    per_prompt: list[PromptResult]
+
+
+@dataclass
+class ComparisonReport:
+    """What `compare()` returns: a `ConfigurationResult` per configuration, `exact` first (`report["fly"]`: a row)."""
+
+    configurations: list[ConfigurationResult]
+    num_prompts: int
+    repeats: int
+    seed: int | None
+    generate_kwargs: dict
+    reference: str = REFERENCE
+    timing: str = "fastest of the repeats, per prompt"
+
+    def __getitem__(self, name: str) -> ConfigurationResult:
+        for row in self.configurations:
+            if row.name == name:
+                return row
+        raise KeyError(f"no configuration {name!r} in the report: it has {[r.name for r in self.configurations]}")
+
+    def to_dict(self) -> dict:
+        """Every field, JSON-ready (`json.dumps(report.to_dict())`)."""
+        return asdict(self)
+
+    def to_markdown(self) -> str:
+        """A table with one row per configuration, every figure of the report, and a short legend."""
+        scored = any(row.score_mean is not None for row in self.configurations)
+        header = ["configuration", "lossless", "tokens/s", "speed-up [95% CI]", "τ", "acceptance", "identical",
+                  "first divergence", "NLL increase [95% CI]"] + (["score", "wins / losses / ties"] if scored else [])
+        lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
+        for row in self.configurations:
+            cells = [f"`{row.name}`", "yes" if row.lossless else "no", _number(row.tokens_per_s, 1),
+                     _number(row.speedup, 3, "×") + _interval(row.speedup_ci95, 3), _number(row.tau, 2),
+                     _number(row.acceptance_rate, 3), f"{row.identical_share:.0%}",
+                     _number(row.mean_first_divergence, 1),
+                     _number(row.nll_increase, 4, signed=True) + _interval(row.nll_increase_ci95, 4)]
+            if scored:
+                cells += [_number(row.score_mean, 3),
+                          f"{row.score_wins} / {row.score_losses} / {row.score_ties}"]
+            lines.append("| " + " | ".join(cells) + " |")
+        settings = ", ".join(f"{k}={v!r}" for k, v in self.generate_kwargs.items()) or "the models' defaults"
+        legend = [
+            f"{self.num_prompts} prompts × {self.repeats} repeats, seed {self.seed}; generate(): {settings}.",
+            "",
+            "- tokens/s: new tokens (after the prompt, up to and including the first EOS) per second of `generate()`,"
+            " all prompts pooled; each prompt timed by its fastest repeat.",
+            "- speed-up: tokens/s over `exact`'s on the same prompt, geometric mean over prompts, 95% interval"
+            " exp(mean ± 1.96·sd/√n) of the log ratios (— with one prompt).",
+            "- τ: new tokens per target forward; acceptance: accepted / drafted draft tokens (all prompts pooled).",
+            "- identical: share of prompts whose new tokens are `exact`'s; first divergence: mean index of the first"
+            " new token that differs, over the prompts that differ.",
+            "- NLL increase: per-token negative log-likelihood (nats) under the target's raw distribution"
+            " (temperature 1, no processors) of the output minus that of `exact`'s output on the same prompt,"
+            " mean over prompts ± 1.96·sd/√n; above 0: the target finds the text it got less likely.",
+        ]
+        if scored:
+            legend.append("- score: mean of your scorer; wins / losses / ties: prompts where the output scored above,"
+                          " below or equal to `exact`'s.")
+        return "\n".join(lines + [""] + legend) + "\n"
+
+
+def _number(value: float | None, digits: int, unit: str = "", signed: bool = False) -> str:
+    if value is None:
+        return "—"
+    return f"{value:{'+' if signed else ''}.{digits}f}{unit}"
+
+
+def _interval(interval: list[float] | None, digits: int) -> str:
+    return "" if interval is None else f" [{interval[0]:.{digits}f}, {interval[1]:.{digits}f}]"
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Running it
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Run:
+    """One `generate()` call: its new tokens, its wall time and its acceptance statistics."""
+
+    ids: list[int]
+    seconds: float
+    stats: Any
+
+    @property
+    def tokens_per_s(self) -> float:
+        return len(self.ids) / self.seconds if self.seconds > 0 else 0.0
+
+
+class _Progress:
+    """tqdm's bar where tqdm imports (transformers depends on it), else a line per prompt on stderr; nothing when
+    `enabled` is False."""
+
+    def __init__(self, total_calls: int, num_prompts: int, enabled: bool):
+        self.bar, self.lines, self.num_prompts = None, False, num_prompts
+        if not enabled:
+            return
+        try:
+            from tqdm.auto import tqdm
+        except ImportError:
+            self.lines = True
+        else:
+            self.bar = tqdm(total=total_calls, desc="hf_semspec.compare", unit="call")
+
+    def call_done(self, name: str, prompt_index: int) -> None:
+        if self.bar is not None:
+            self.bar.set_postfix_str(f"prompt {prompt_index + 1}/{self.num_prompts}, {name}", refresh=False)
+            self.bar.update()
+
+    def prompt_done(self, prompt_index: int) -> None:
+        if self.lines:
+            print(f"hf_semspec.compare: prompt {prompt_index + 1}/{self.num_prompts} done", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _short(value: Any) -> Any:
+    """`value` for an error message: itself, or its repr cut to 80 characters where that is longer (a model)."""
+    text = repr(value)
+    return value if len(text) <= 80 else text[:77] + "..."
+
+
+def _encode_prompt(prompt: Any, index: int, tokenizer: Any, device: torch.device) -> torch.LongTensor:
+    """A `prompts` item as `(1, length)` ids: text (with `tokenizer`), token ids (a list or a tensor), or a mapping
+    with `input_ids` or `prompt` (its other keys are for the scorer)."""
+    field_name, value = f"prompts[{index}]", prompt
+    allowed = "text, token ids (a list or a (length,) / (1, length) tensor), or a dict with 'input_ids' or 'prompt'"
+    if isinstance(prompt, Mapping):
+        if "input_ids" not in prompt and "prompt" not in prompt:
+            raise invalid_value(field_name, _short(prompt), allowed, "give the dict an 'input_ids' or a 'prompt' key")
+        value = prompt["input_ids"] if "input_ids" in prompt else prompt["prompt"]
+    if isinstance(value, str):
+        if tokenizer is None:
+            raise invalid_value(field_name, _short(value), "token ids when no tokenizer is given",
+                                "pass tokenizer=... (the target's), or token ids")
+        ids = tokenizer(value, return_tensors="pt")["input_ids"]
+    elif isinstance(value, torch.Tensor):
+        ids = value.long()
+    else:
+        try:
+            ids = torch.tensor(list(value), dtype=torch.long)
+        except (TypeError, ValueError):
+            raise invalid_value(field_name, _short(prompt), allowed, "pass one prompt per item") from None
+    ids = ids[None] if ids.dim() == 1 else ids
+    if ids.dim() != 2 or ids.shape[0] != 1 or ids.shape[1] == 0:
+        raise invalid_value(field_name, _short(prompt), "one non-empty prompt: " + allowed,
+                            "pass one prompt per item (compare() decodes them one at a time)")
+    return ids.to(device)
+
+
+def _eos_ids(target: torch.nn.Module, generate_kwargs: dict) -> list[int]:
+    eos = generate_kwargs.get("eos_token_id")
+    config = generate_kwargs.get("generation_config")
+    if eos is None and config is not None:
+        eos = config.eos_token_id
+    if eos is None:
+        eos = target.generation_config.eos_token_id
+    if eos is None:
+        return []
+    if isinstance(eos, torch.Tensor):
+        eos = eos.tolist()
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _synchronize(device: torch.device) -> None:
+    """Waits for the device's queued work, so that a call's wall time includes it."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    elif device.type != "cpu" and hasattr(torch, "accelerator"):
+        torch.accelerator.synchronize(device)
+
+
+def _json_ready(kwargs: dict) -> dict:
+    """The `generate()` arguments for the report: JSON values as they are, anything else (a policy instance, a
+    `GenerationConfig`) as its repr."""
+
+    def ready(value: Any) -> Any:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError):
+            return repr(value)
+        return value
+
+    return {k: ready(v) for k, v in kwargs.items()}
+
+
+def compare(
+    target: torch.nn.Module,
+    draft: torch.nn.Module,
+    prompts: Iterable[Any],
+    rules: Iterable[str | tuple[str, dict]] = DEFAULT_RULES,
+    tokenizer: Any = None,
+    score: Callable[[Any, Any], float] | None = None,
+    repeats: int = 3,
+    seed: int | None = 0,
+    warmup: bool = True,
+    progress: bool = True,
+    **generate_kwargs,
+) -> ComparisonReport:
+    r"""Runs every configuration on every prompt against `exact` and reports what each buys and costs.
+
+    Each prompt is decoded alone (batch 1). After one untimed warm-up call of each configuration on the first prompt
+    (`warmup`; it also fails fast on a configuration that cannot run), for each prompt, `repeats` times, every
+    configuration runs once, in an order that rotates from call to call (prompt index + repeat), so that a drifting
+    machine hits every configuration alike and a ratio within the run is meaningful. Before every call the global
+    RNG is seeded with `seed + prompt_index`: with sampling, `exact` and every rule see the same seed on a prompt,
+    and two runs with one seed give one report (bar the timings). torch's RNG state is restored afterwards.
+    Then each distinct output gets one teacher-forced target forward for its NLL, and one call of `score`.
+
+    Args:
+        target (`PreTrainedModel`): the target model; attached for the call if it is not already, detached after.
+        draft (`PreTrainedModel`): the draft model (`assistant_model`).
+        prompts (`Iterable`): each a text (needs `tokenizer`; encoded as is, so apply a chat template first), token
+            ids (a list, or a tensor of shape `(length,)` or `(1, length)`), or a dict with `"input_ids"` or
+            `"prompt"`, whose other keys the scorer may read (e.g. a reference answer).
+        rules (`Iterable`): the configurations, `"fly"`, `"fly@window=4@entropy_threshold=0.5"` (a variant: the
+            rule with those `acceptance_kwargs`) or `("fly", {"window": 4})`; `"exact"` runs whether listed or not.
+        tokenizer (`PreTrainedTokenizerBase`, *optional*): the target's; encodes text prompts, decodes outputs to
+            text, and is passed to `generate()` (stop strings, vocabularies padded apart).
+        score (`Callable[[prompt, text], float]`, *optional*): your measure of an output's quality, called with the
+            prompt as given and the output's decoded new tokens (without special tokens; the list of new ids when no
+            tokenizer is given), once per distinct output of a prompt.
+        repeats (`int`, defaults to 3): timed calls of every configuration per prompt; tokens/s is the fastest's.
+        seed (`int`, *optional*, defaults to 0): `torch.manual_seed(seed + prompt_index)` before each call; None
+            leaves the RNG alone (sampled runs then do not repeat).
+        warmup (`bool`, defaults to `True`): the untimed warm-up calls.
+        progress (`bool`, defaults to `True`): a progress bar (tqdm) on stderr.
+        generate_kwargs: passed to every `generate()` call: `max_new_tokens`, `do_sample`, `temperature`, `top_p`,
+            `num_assistant_tokens`, `draft_length`, ... (not those compare() sets: `assistant_model`, `acceptance`,
+            `acceptance_kwargs`, `return_dict_in_generate`, `input_ids`, `attention_mask`).
+
+    Returns:
+        `ComparisonReport`: `to_dict()` for JSON, `to_markdown()` for a table, `report["fly"]` for one row.
+    """
+    configurations = parse_rules(rules)
+    for name in RESERVED_GENERATE_KWARGS:
+        if name in generate_kwargs:
+            raise invalid_value(name, _short(generate_kwargs[name]), "not given: compare() sets it for every call",
+                                "pass the draft as `draft`, the rules as `rules=[...]`, the prompts as `prompts`")
+    if generate_kwargs.get("num_return_sequences", 1) != 1:
+        raise invalid_value("num_return_sequences", generate_kwargs["num_return_sequences"], "1",
+                            "drop it: compare() decodes one output per prompt")
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or repeats < 1:
+        raise invalid_value("repeats", repeats, "an int ≥ 1", "pass e.g. repeats=3")
+    if score is not None and not callable(score):
+        raise invalid_value("score", score, "a callable score(prompt, text) -> float", "pass a function")
+    if isinstance(prompts, (str, Mapping)):
+        raise invalid_value("prompts", _short(prompts), "a list of prompts", "pass [prompt]")
+    prompts = list(prompts)
+    if not prompts:
+        raise invalid_value("prompts", prompts, "at least one prompt", "pass a list of prompts")
+    device = target.device
+    encoded = [_encode_prompt(p, i, tokenizer, device) for i, p in enumerate(prompts)]
+    eos_ids = _eos_ids(target, generate_kwargs)
+    call_kwargs = dict(generate_kwargs)
+    if tokenizer is not None:
+        call_kwargs.setdefault("tokenizer", tokenizer)
+
+    def decode(configuration: Configuration, prompt_index: int) -> _Run:
+        input_ids = encoded[prompt_index]
+        if seed is not None:
+            torch.manual_seed(seed + prompt_index)
+        # No garbage collection while timed (as `timeit`): it would be charged to whichever configuration was unlucky.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            _synchronize(device)
+            start = time.perf_counter()
+            out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
+                                  acceptance=configuration.rule, acceptance_kwargs=dict(configuration.options),
+                                  return_dict_in_generate=True, **call_kwargs)
+            _synchronize(device)
+            seconds = time.perf_counter() - start
+        finally:
+            if collecting:
+                gc.enable()
+        return _Run(new_token_ids(out.sequences, input_ids.shape[1], eos_ids), seconds, out.acceptance_stats)
+
+    runs: dict[tuple[int, str], list[_Run]] = {}
+    was_attached = _is_attached(target)
+    cuda = sorted({p.device.index or 0 for m in (target, draft) for p in m.parameters() if p.device.type == "cuda"})
+    if not was_attached:
+        attach(target)
+    try:
+        with torch.random.fork_rng(devices=cuda):
+            if warmup:
+                for configuration in configurations:
+                    decode(configuration, 0)
+            bar = _Progress(len(encoded) * repeats * len(configurations), len(encoded), progress)
+            try:
+                for i in range(len(encoded)):
+                    for repeat in range(repeats):
+                        k = (i + repeat) % len(configurations)
+                        for configuration in configurations[k:] + configurations[:k]:
+                            runs.setdefault((i, configuration.name), []).append(decode(configuration, i))
+                            bar.call_done(configuration.name, i)
+                    bar.prompt_done(i)
+            finally:
+                bar.close()
+        nll: dict[tuple[int, tuple[int, ...]], float | None] = {}
+        for (i, _), prompt_runs in runs.items():
+            key = (i, tuple(prompt_runs[0].ids))
+            if key not in nll:  # one forward per distinct output: identical outputs get the very same number
+                nll[key] = target_nll(target, encoded[i], prompt_runs[0].ids)
+    finally:
+        if not was_attached:
+            detach(target)
+
+    def text_of(ids: list[int]) -> str | None:
+        return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else None
+
+    scores: dict[tuple[int, tuple[int, ...]], float] = {}
+    if score is not None:
+        for (i, _), prompt_runs in runs.items():
+            key = (i, tuple(prompt_runs[0].ids))
+            if key not in scores:
+                text = text_of(prompt_runs[0].ids)
+                value = score(prompts[i], text if text is not None else list(prompt_runs[0].ids))
+                if not isinstance(value, numbers.Real) or math.isnan(value):
+                    raise invalid_value("score", _short(value), "a number (int or float) from score(prompt, text)",
+                                        "return e.g. float(answer == reference)")
+                scores[key] = float(value)
+
+    rows = [_summarize(c, runs, encoded, nll, scores, text_of, score is not None) for c in configurations]
+    return ComparisonReport(rows, len(encoded), repeats, seed, _json_ready(generate_kwargs))
+
+
+def _summarize(configuration, runs, encoded, nll, scores, text_of, scored) -> ConfigurationResult:
+    """One configuration's row from its runs and `exact`'s."""
+    per_prompt = []
+    for i, input_ids in enumerate(encoded):
+        own, reference = runs[i, configuration.name], runs[i, REFERENCE]
+        fastest = max(own, key=lambda run: run.tokens_per_s)
+        reference_fastest = max(reference, key=lambda run: run.tokens_per_s)
+        ids, reference_ids = own[0].ids, reference[0].ids
+        own_nll, reference_nll = nll[i, tuple(ids)], nll[i, tuple(reference_ids)]
+        stats = own[0].stats
+        per_prompt.append(PromptResult(
+            prompt_index=i, prompt_tokens=input_ids.shape[1], new_token_ids=list(ids), text=text_of(ids),
+            new_tokens=len(ids), seconds=fastest.seconds, tokens_per_s=fastest.tokens_per_s,
+            speedup=fastest.tokens_per_s / reference_fastest.tokens_per_s
+            if fastest.tokens_per_s > 0 and reference_fastest.tokens_per_s > 0 else None,
+            identical=ids == reference_ids, first_divergence=first_divergence(ids, reference_ids), nll=own_nll,
+            nll_increase=None if own_nll is None or reference_nll is None else own_nll - reference_nll,
+            score=scores.get((i, tuple(ids))), tau=float(stats.mean_accepted_length),
+            acceptance_rate=float(stats.acceptance_rate),
+        ))
+    first_stats = [runs[i, configuration.name][0].stats for i in range(len(encoded))]
+    forwards, drafted = sum(s.num_target_forwards for s in first_stats), sum(s.num_drafted for s in first_stats)
+    speedup, speedup_ci95 = geometric_mean_interval([p.speedup for p in per_prompt if p.speedup is not None])
+    nll_increase, nll_increase_ci95 = mean_interval([p.nll_increase for p in per_prompt if p.nll_increase is not None])
+    divergences = [p.first_divergence for p in per_prompt if p.first_divergence is not None]
+    new_tokens, seconds = sum(p.new_tokens for p in per_prompt), sum(p.seconds for p in per_prompt)
+    reference_scores = [scores.get((i, tuple(runs[i, REFERENCE][0].ids))) for i in range(len(encoded))]
+    pairs = list(zip([p.score for p in per_prompt], reference_scores)) if scored else []
+    return ConfigurationResult(
+        name=configuration.name, rule=configuration.rule, options=dict(configuration.options),
+        lossless=bool(RULES.get(configuration.rule).lossless), prompts=len(per_prompt), new_tokens=new_tokens,
+        seconds=seconds, tokens_per_s=new_tokens / seconds if seconds > 0 else 0.0,
+        speedup=speedup, speedup_ci95=speedup_ci95,
+        tau=sum(s.num_new_tokens for s in first_stats) / forwards if forwards else 0.0,
+        acceptance_rate=sum(s.num_accepted for s in first_stats) / drafted if drafted else 0.0,
+        identical_share=sum(p.identical for p in per_prompt) / len(per_prompt),
+        mean_first_divergence=statistics.fmean(divergences) if divergences else None,
+        nll=mean_interval([p.nll for p in per_prompt if p.nll is not None])[0],
+        nll_increase=nll_increase, nll_increase_ci95=nll_increase_ci95,
+        score_mean=statistics.fmean(a for a, _ in pairs) if scored else None,
+        score_wins=sum(a > b for a, b in pairs) if scored else None,
+        score_losses=sum(a < b for a, b in pairs) if scored else None,
+        score_ties=sum(a == b for a, b in pairs) if scored else None,
+        per_prompt=per_prompt,
+    )
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The command line: python -m hf_semspec.compare
+# ---------------------------------------------------------------------------------------------------------------------
+
+
+def load_prompts(path: str | Path, form: str = "auto") -> list[Any]:
+    """The prompts of a file: `text`, one prompt a line (blank lines skipped), or `jsonl`, one JSON object a line
+    with `"prompt"` (text) or `"input_ids"` (token ids), its other keys kept for the scorer. `auto`: `jsonl` for a
+    `.jsonl` file, else `text`."""
+    path = Path(path)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    if form == "auto":
+        form = "jsonl" if path.suffix == ".jsonl" else "text"
+    if form == "text":
+        return [line for line in lines if line.strip()]
+    prompts = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path}:{number}: not JSON ({error}). Fix: one JSON object a line, or "
+                             "--prompts-format text") from None
+        if not isinstance(record, dict) or not ({"prompt", "input_ids"} & set(record)):
+            raise ValueError(f"{path}:{number}: {_short(record)} has no 'prompt' or 'input_ids'. Fix: give each line "
+                             'one, e.g. {"prompt": "..."} or {"input_ids": [1, 2, 3]}')
+        prompts.append(record)
+    return prompts
+
+
+def _load_scorer(spec: str) -> Callable:
+    module_name, _, attribute = spec.partition(":")
+    if not module_name or not attribute:
+        raise ValueError(f"--score {spec!r} must be <module>:<function>, e.g. my_scorers:gsm8k_answer")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m hf_semspec.compare",
+        description="Compare acceptance rules against `exact` on your prompts: speed-up, τ, acceptance, identical "
+        "outputs, the target's NLL increase, and an optional score. Prints a Markdown report.")
+    parser.add_argument("--target", required=True, help="target model (path or Hub id)")
+    parser.add_argument("--draft", required=True, help="draft model (path or Hub id)")
+    parser.add_argument("--tokenizer", help="tokenizer (default: the target's, where it has one)")
+    parser.add_argument("--prompts", required=True,
+                        help="prompts file: text lines, or JSONL with 'prompt' or 'input_ids' (token ids)")
+    parser.add_argument("--prompts-format", choices=("auto", "text", "jsonl"), default="auto",
+                        help="auto: jsonl for a .jsonl file, else text lines")
+    parser.add_argument("--rules", default=",".join(DEFAULT_RULES),
+                        help="comma-separated; a variant sets options: fly@window=4@entropy_threshold=0.5 "
+                        "(exact always runs)")
+    parser.add_argument("--draft-length", help="draft-length policy (constant, cost_aware, tapout, ...)")
+    parser.add_argument("--num-assistant-tokens", type=int, help="draft tokens per round (the policy's length)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--sample", action="store_true", help="sample (default: greedy)")
+    parser.add_argument("--temperature", type=float)
+    parser.add_argument("--top-p", type=float)
+    parser.add_argument("--seed", type=int, default=0, help="torch.manual_seed(seed + prompt index) before each call")
+    parser.add_argument("--repeats", type=int, default=3, help="timed calls per prompt and configuration")
+    parser.add_argument("--score", help="<module>:<function> called as function(prompt, text) -> float")
+    parser.add_argument("--generate-kwargs", type=json.loads, default={}, help="more generate() arguments, as JSON")
+    parser.add_argument("--dtype", choices=("auto", "float32", "bfloat16", "float16"), help="both models' dtype")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--threads", type=int, help="torch.set_num_threads (on a CPU: the free cores)")
+    parser.add_argument("--output", help="write the report as JSON here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    rules = [entry.strip() for entry in args.rules.split(",") if entry.strip()]
+    try:  # everything the user wrote is checked before any model loads
+        parse_rules(rules)
+        prompts = load_prompts(args.prompts, args.prompts_format)
+        scorer = _load_scorer(args.score) if args.score else None
+    except (ValueError, OSError, ImportError, AttributeError) as error:
+        parser.error(str(error))
+    if not isinstance(args.generate_kwargs, dict):
+        parser.error(f"--generate-kwargs must be a JSON object, got {args.generate_kwargs!r}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    load = {} if args.dtype is None else {"dtype": "auto" if args.dtype == "auto" else getattr(torch, args.dtype)}
+    target = AutoModelForCausalLM.from_pretrained(args.target, **load).to(args.device).eval()
+    draft = AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
+    except (OSError, ValueError) as error:
+        if args.tokenizer or any(isinstance(p, str) or "input_ids" not in p for p in prompts):
+            parser.error(f"cannot load a tokenizer from {args.tokenizer or args.target} ({error}); text prompts need "
+                         "one. Fix: pass --tokenizer, or give token ids (JSONL with 'input_ids')")
+        tokenizer = None  # token ids only: the report has no text
+    kwargs = dict(args.generate_kwargs, max_new_tokens=args.max_new_tokens, do_sample=args.sample)
+    for name, value in (("temperature", args.temperature), ("top_p", args.top_p),
+                        ("draft_length", args.draft_length), ("num_assistant_tokens", args.num_assistant_tokens)):
+        if value is not None:
+            kwargs[name] = value
+    report = compare(target, draft, prompts, rules=rules, tokenizer=tokenizer, score=scorer, repeats=args.repeats,
+                     seed=args.seed, progress=not args.no_progress, **kwargs)
+    print(report.to_markdown())
+    if args.output:
+        Path(args.output).write_text(json.dumps(report.to_dict(), indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.output}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

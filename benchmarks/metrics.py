@@ -28,6 +28,8 @@ from hf_semspec.stats import AcceptanceStats
 
 # The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
 PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
+# Fields of `AcceptanceStats` that files written before them lack (they then take their defaults).
+OPTIONAL_FIELDS = PER_ROUND_FIELDS + ("num_row_forwards", "num_draft_forwards", "num_ngram_hits")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards
@@ -235,7 +237,7 @@ def acceptance_from_dict(d: dict) -> AcceptanceStats:
     stats kept each round (`drafted_per_round`, `accepted_per_round`) rebuild with those lists empty."""
     fields = AcceptanceStats.__dataclass_fields__
     # (`num_row_forwards`, absent from files written before it, is then filled from `num_target_forwards`.)
-    return AcceptanceStats(**{k: d[k] for k in fields if k in d or k not in PER_ROUND_FIELDS + ("num_row_forwards",)})
+    return AcceptanceStats(**{k: d[k] for k in fields if k in d or k not in OPTIONAL_FIELDS})
 
 
 def pooled_acceptance(stats: AcceptanceStats) -> dict:

@@ -4,14 +4,15 @@
 what every decoding method shares — merged the generation config, built the logits processors and stopping
 criteria, set `max_length`, created the target's cache and streamed the prompt — and this module only runs rounds:
 
-    1. draft γ tokens with the draft model and its own KV cache (γ from the draft-length policy);
+    1. draft γ tokens with the draft model and its own KV cache, or, without one, by prompt lookup (copied from the
+       context: `hf_semspec.ngram`); γ from the draft-length policy;
     2. run the target once over the tokens it has not seen plus the γ drafts (γ + 1 logits);
     3. apply the logits processors position by position;
     4. verify with the acceptance rule (a pure function of logits and ids);
     5. one host sync: the accepted count and the emitted tokens, cut at EOS, at `max_length` and where another
        stopping criterion fires (each checked after each token, as plain decoding does); the draft-length policy
        learns from the round;
-    6. append, stream, roll both caches back to the output (the last token is not cached yet);
+    6. append, stream, roll the caches back to the output (the last token is not cached yet);
     7. record outputs and decide whether to stop.
 """
 
@@ -53,6 +54,7 @@ from .draft_length.base import UNSET_LENGTH_FALLBACK
 from .drafting import DraftBlock, ModelDrafter
 from .errors import invalid_value
 from .model_calls import CachedModel, capture_lm_head_input
+from .ngram import NgramDrafter, PromptLookup, check_prompt_lookup
 from .processors import BatchProcessors
 from .rules.base import AcceptanceRule, VerificationInput
 from .stats import AcceptanceStats
@@ -99,12 +101,12 @@ def check_generation_config(generation_config: GenerationConfig, input_ids: torc
             "remove guidance_scale, or drop assistant_model",
         )
     # Other decoding methods, which transformers would run, and ignores once a decoding loop is passed to it.
+    # (`prompt_lookup_num_tokens` is not one of them: without an assistant_model it is this loop's drafter.)
     other_methods = {
         "penalty_alpha": "contrastive search",
         "dola_layers": "DoLa decoding",
-        "prompt_lookup_num_tokens": "prompt-lookup drafting (the drafts here are assistant_model's)",
-        "assistant_early_exit": "early-exit self-drafting (the drafts here are assistant_model's)",
-        "use_mtp": "multi-token-prediction drafting (the drafts here are assistant_model's)",
+        "assistant_early_exit": "early-exit self-drafting (the drafts here are assistant_model's or prompt lookup's)",
+        "use_mtp": "multi-token-prediction drafting (the drafts here are assistant_model's or prompt lookup's)",
     }
     for field, method in other_methods.items():
         value = getattr(generation_config, field, None)
@@ -265,6 +267,25 @@ def round_budget(wanted: int, room: int, free_slots: int | None, holes: bool) ->
     return max(0, budget)
 
 
+def _prompt_lookup(generation_config: GenerationConfig, assistant_model, given: PromptLookup | None
+                   ) -> PromptLookup | None:
+    """The prompt-lookup settings the loop drafts with, or None when it drafts with `assistant_model`: `given` (what
+    `generate()` resolved; it wins), else the generation config's `prompt_lookup_num_tokens` and
+    `max_matching_ngram_size` (a direct call of `speculative_decode`), validated (`check_prompt_lookup`, which also
+    refuses them together with a draft model). Neither a draft model nor prompt lookup is an error."""
+    if given is not None:
+        return check_prompt_lookup(given.num_tokens, given.max_ngram_size, assistant_model)
+    if generation_config.prompt_lookup_num_tokens is not None:
+        return check_prompt_lookup(generation_config.prompt_lookup_num_tokens,
+                                   generation_config.max_matching_ngram_size, assistant_model)
+    if assistant_model is None:
+        raise invalid_value(
+            "assistant_model", None, "a draft model, or prompt-lookup drafts (prompt_lookup_num_tokens)",
+            "pass assistant_model=<draft model>, or prompt_lookup_num_tokens=<tokens per round>",
+        )
+    return None
+
+
 def _has_sliding_layers(cache) -> bool:
     return any(getattr(layer, "is_sliding", False) for layer in cache.layers)
 
@@ -279,7 +300,7 @@ def _typical_length(policy: DraftLengthPolicy) -> int:
 def _static_caches(model, assistant_model, target_cache, generation_config, input_ids: torch.LongTensor,
                    max_length: int, typical_length: int, capture_hidden: bool):
     """The target's and the draft's static caches and the two compiled forwards (or None), for
-    `cache_implementation="static"`.
+    `cache_implementation="static"`; without `assistant_model` (prompt-lookup drafts) the draft's are None.
 
     One prompt keeps the cache transformers made (the output's length). A batch needs more slots than tokens: a row
     that accepted fewer drafts than the best row of a round keeps holes (`DecodingBatch`). Each round takes at most
@@ -315,13 +336,15 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
     else:
         capacity = width + (max_length - width) * (typical_length + 1)
         target_cache = StaticCache(config=model.config, max_cache_len=capacity)
-    draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity)
-    if _has_sliding_layers(draft_cache):
-        raise invalid_value(
-            "assistant_model", type(assistant_model).__name__,
-            "a draft without sliding-window layers with cache_implementation='static'",
-            "pass cache_implementation='dynamic'",
-        )
+    draft_cache = None
+    if assistant_model is not None:
+        draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity)
+        if _has_sliding_layers(draft_cache):
+            raise invalid_value(
+                "assistant_model", type(assistant_model).__name__,
+                "a draft without sliding-window layers with cache_implementation='static'",
+                "pass cache_implementation='dynamic'",
+            )
     compile_config = generation_config.compile_config
     compiled_target = None
     if not capture_hidden and compiles_forward(model, target_cache, generation_config):
@@ -336,7 +359,7 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
                 target_compile_config.dynamic = False
         compiled_target = compiled_forward(model, target_compile_config)
     compiled_draft = None
-    if compiles_forward(assistant_model, draft_cache, generation_config):
+    if assistant_model is not None and compiles_forward(assistant_model, draft_cache, generation_config):
         compiled_draft = compiled_forward(assistant_model, compile_config)
     return capacity, target_cache, draft_cache, compiled_target, compiled_draft
 
@@ -348,23 +371,29 @@ def speculative_decode(
     stopping_criteria: StoppingCriteriaList,
     generation_config: GenerationConfig,
     *,
-    assistant_model: torch.nn.Module,
+    assistant_model: torch.nn.Module | None,
     rule: AcceptanceRule,
     draft_length: DraftLengthPolicy,
     streamer=None,
+    prompt_lookup: PromptLookup | None = None,
     **model_kwargs,
 ) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
-    """Speculative decoding of `model` (the target) with `assistant_model` (the draft) and an acceptance `rule`.
+    """Speculative decoding of `model` (the target) with `assistant_model` (the draft), or with prompt-lookup drafts
+    (`hf_semspec.ngram`), and an acceptance `rule`.
 
     Args:
         input_ids (`torch.LongTensor` of shape `(batch, prompt_length)`): the prompts, left-padded (`attention_mask`
             in `model_kwargs`); with `num_return_sequences`, already repeated by transformers.
         logits_processor / stopping_criteria / generation_config: as prepared by `GenerationMixin.generate`.
-        assistant_model (`PreTrainedModel`): the draft model.
+        assistant_model (`PreTrainedModel`, *optional*): the draft model; None for prompt-lookup drafts.
         rule (`AcceptanceRule`): decides which drafts are kept (`acceptance=`).
         draft_length (`DraftLengthPolicy`): decides how many tokens to draft per round (`draft_length=`), one length
             for all rows; it learns from each round once (`_round_outcome`).
         streamer (`BaseStreamer`, *optional*): receives each round's new tokens.
+        prompt_lookup (`PromptLookup`, *optional*): prompt-lookup drafting's k and n, as `generate()` resolved them
+            (it hands transformers `prompt_lookup_num_tokens=None`, which would otherwise select transformers' own
+            assisted generation); without it, and without `assistant_model`, they are read from `generation_config`
+            (`prompt_lookup_num_tokens`, `max_matching_ngram_size`).
         model_kwargs: the target's cache (`cache`, or `past_key_values` before transformers 5.24), `attention_mask`,
             and non-tensor forward options.
 
@@ -374,7 +403,7 @@ def speculative_decode(
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     loop = _Loop.set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
-                        rule, draft_length, streamer, model_kwargs)
+                        rule, draft_length, streamer, model_kwargs, prompt_lookup)
     batch, target, drafter = loop.batch, loop.target, loop.drafter
     first_round = True  # its forwards also prefill the prompt
 
@@ -417,10 +446,12 @@ def speculative_decode(
         seconds = time.perf_counter() - round_start
         kept, finished, outcomes = [0] * size, [], []
         for i in (i for i in range(size) if batch.decoding[i]):
+            emitted = drafted[i * gamma : i * gamma + accepted[i]] + [next_tokens[i]]
             kept[i], ends, outcome = loop.settle_row(
-                i, drafted[i * gamma : i * gamma + accepted[i]] + [next_tokens[i]], accepted[i], num_matched[i],
-                gamma, inputs.draft_limits, draft.tokens, result.next_token, processed, target_logits,
+                i, emitted, accepted[i], num_matched[i], inputs.draft_limits, draft, result.next_token, processed,
+                target_logits,
             )
+            drafter.append_tokens(batch.rows[i], emitted[: kept[i]])  # (prompt lookup's copy of the row's context)
             outcomes.append(outcome)
             if ends:
                 finished.append(i)
@@ -450,7 +481,7 @@ def speculative_decode(
             index = batch.keep_rows([i for i in range(size) if i not in finished])
             if batch.rows:
                 target.keep_rows(index)
-                drafter.runner.keep_rows(index)
+                drafter.keep_rows(index)
 
     if streamer is not None:
         streamer.end()
@@ -477,7 +508,7 @@ class _Loop:
 
     batch: DecodingBatch
     target: CachedModel
-    drafter: ModelDrafter
+    drafter: ModelDrafter | NgramDrafter
     processors: BatchProcessors
     target_cache: Any
     static: bool
@@ -494,10 +525,14 @@ class _Loop:
 
     @classmethod
     def set_up(cls, model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
-               rule: AcceptanceRule, draft_length: DraftLengthPolicy, streamer, model_kwargs: dict) -> "_Loop":
+               rule: AcceptanceRule, draft_length: DraftLengthPolicy, streamer, model_kwargs: dict,
+               prompt_lookup: PromptLookup | None = None) -> "_Loop":
         """Checks what the loop cannot run, then builds the caches (static ones for `cache_implementation="static"`),
-        the batch, both models' cached forwards and the drafter."""
+        the batch, the models' cached forwards and the drafter: the draft model's, or prompt lookup's without one."""
         check_generation_config(generation_config, input_ids, rule)
+        prompt_lookup = _prompt_lookup(generation_config, assistant_model, prompt_lookup)
+        if prompt_lookup is not None:
+            rule.check_assistant_model(None)  # a rule that needs a draft model's distribution (rdk) says so
         batch_size = input_ids.shape[0]
         target_cache = model_kwargs[CACHE_ARGUMENT]
         static = generation_config.cache_implementation == "static"
@@ -533,20 +568,31 @@ class _Loop:
         processors = BatchProcessors(logits_processor, batch_size)
         target = CachedModel(model, target_cache, compiled=compiled_target, static=static)
         target.cached = cached
-        drafter = ModelDrafter(
-            assistant_model,
-            processors,
-            do_sample=do_sample and not rule.greedy_drafts,
-            return_probs=do_sample or rule.requires_draft_probs,
-            output_device=input_ids.device,
-            vocab_size=model.config.get_text_config().vocab_size,
-            redistribute=rule.redistributes_draft,
-            stop_token_ids=frozenset(eos_ids),
-            cache=draft_cache,
-            compiled=compiled_draft,
-        )
+        vocab_size = model.config.get_text_config().vocab_size
+        return_probs = do_sample or rule.requires_draft_probs
+        if prompt_lookup is not None:
+            drafter = NgramDrafter(
+                input_ids, attention_mask, prompt_lookup, return_probs=return_probs, vocab_size=vocab_size,
+                output_device=input_ids.device, stop_token_ids=frozenset(eos_ids), fixed_length=static,
+            )
+        else:
+            drafter = ModelDrafter(
+                assistant_model,
+                processors,
+                do_sample=do_sample and not rule.greedy_drafts,
+                return_probs=return_probs,
+                output_device=input_ids.device,
+                vocab_size=vocab_size,
+                redistribute=rule.redistributes_draft,
+                stop_token_ids=frozenset(eos_ids),
+                cache=draft_cache,
+                compiled=compiled_draft,
+            )
         if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
-            for field, cache in (("model", target_cache), ("assistant_model", drafter.cache)):
+            caches = [("model", target_cache)]
+            if assistant_model is not None:
+                caches.append(("assistant_model", drafter.cache))
+            for field, cache in caches:
                 if _has_sliding_layers(cache):
                     raise invalid_value(
                         "input_ids.shape[0] (batch size)", batch_size,
@@ -579,9 +625,14 @@ class _Loop:
                            hidden: torch.FloatTensor | None) -> VerificationInput:
         """The rule's inputs for this round. A row whose `max_length` is nearer than the batch's longest row's (whose
         room set γ) may use only the drafts it would have made alone (`draft_limit`), so that its text, and the
-        draws of a rule that keeps state per row (`row_ids`), are the ones it gets alone."""
+        draws of a rule that keeps state per row (`row_ids`), are the ones it gets alone. A row whose prompt lookup
+        found fewer drafts than γ (`draft.num_per_row`) is likewise verified on its own drafts only: the padding
+        after them is never accepted, and the position after its last draft gives its bonus token."""
         gamma = draft.num_tokens
-        limits = [min(gamma, max(0, self.max_length - length - 1)) for length in self.batch.lengths]
+        found = draft.num_per_row if draft.num_per_row is not None else (gamma,) * self.batch.size
+        limits = [
+            min(gamma, own, max(0, self.max_length - length - 1)) for length, own in zip(self.batch.lengths, found)
+        ]
         short = any(limit < gamma for limit, decoding in zip(limits, self.batch.decoding) if decoding)
         return VerificationInput(
             draft_token_ids=draft.tokens,
@@ -595,15 +646,18 @@ class _Loop:
             row_ids=tuple(self.batch.rows),
         )
 
-    def settle_row(self, i: int, emitted: list[int], accepted: int, num_matched: int | None, gamma: int,
-                   draft_limits: tuple[int, ...] | None, draft_tokens: torch.LongTensor, next_token: torch.LongTensor,
+    def settle_row(self, i: int, emitted: list[int], accepted: int, num_matched: int | None,
+                   draft_limits: tuple[int, ...] | None, draft: DraftBlock, next_token: torch.LongTensor,
                    processed: torch.FloatTensor, target_logits: torch.FloatTensor) -> tuple[int, bool, RoundOutcome]:
-        """Step 5 for row `i` (an index into the current rows), which accepted `accepted` of the round's `gamma`
-        drafts (of its `draft_limits[i]`, where given) and would add `emitted` (those drafts and its next token):
+        """Step 5 for row `i` (an index into the current rows), which accepted `accepted` of the round's γ drafts
+        (`draft`; of its `draft_limits[i]`, where given) and would add `emitted` (those drafts and its next token):
         the tokens it keeps, cut at its first EOS, at `max_length` and where another stopping criterion fires
         (checked after each token, as plain decoding does); whether it finishes; and its round for the draft-length
-        policy. Records its statistics (the drafts it could use, as alone) and, when returned, its scores.
+        policy. Records its statistics (the drafts it could use, as alone, the draft model's forwards of the round,
+        and whether its prompt lookup found drafts it could use) and, when returned, its scores.
         """
+        gamma = draft.num_tokens
+        usable = gamma if draft_limits is None else draft_limits[i]
         length = self.batch.lengths[i]
         # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
         # transformers lets set a max_length at or below the prompt's length).
@@ -614,7 +668,7 @@ class _Loop:
         record = self.records[self.batch.rows[i]]
         stop_at = None
         if self.called_stopping_criteria:  # (calling them is the user's cost, only when given)
-            new_tokens = torch.cat([draft_tokens[i : i + 1, :accepted], next_token[i : i + 1, None]], dim=1)
+            new_tokens = torch.cat([draft.tokens[i : i + 1, :accepted], next_token[i : i + 1, None]], dim=1)
             stop_at = _first_stop(
                 self.called_stopping_criteria, self.batch.prefix(i, 0), new_tokens[:, :keep],
                 _scores_so_far(record) if self.keep_scores else None, processed[i : i + 1],
@@ -622,7 +676,8 @@ class _Loop:
         if stop_at is not None:
             keep = stop_at + 1
         ends = eos_at is not None or stop_at is not None or length + keep >= self.max_length
-        record.stats.record_round(gamma if draft_limits is None else draft_limits[i], accepted, keep)
+        record.stats.record_round(usable, accepted, keep, num_draft_forwards=draft.num_forwards,
+                                  ngram_hit=draft.num_per_row is not None and usable > 0)
         if self.keep_scores:
             record.scores.extend(processed[i, :keep])
         if self.keep_logits:

@@ -1,4 +1,5 @@
-"""Drafting: the assistant model proposes tokens autoregressively with its own KV cache."""
+"""Drafting: the assistant model proposes tokens autoregressively with its own KV cache (`ModelDrafter`); without one,
+prompt lookup copies them from the context (`hf_semspec.ngram.NgramDrafter`, the same interface)."""
 
 from __future__ import annotations
 
@@ -23,11 +24,17 @@ class DraftBlock:
         tokens (`torch.LongTensor` of shape `(batch, γ)`): the drafts, in target vocabulary ids; also written into the
             batch (`DecodingBatch.write_draft`).
         probs (`torch.FloatTensor` of shape `(batch, γ, vocab)`, *optional*): the distribution each draft was drawn
-            from, after the logits processors (what the verifier calls q).
+            from, after the logits processors (what the verifier calls q); one-hot for prompt-lookup drafts.
+        num_per_row (`tuple[int, ...]`, *optional*): prompt-lookup drafts (`hf_semspec.ngram.NgramDrafter`): the
+            drafts each row found, at most γ; the rest of its row is padding, which the loop never lets the rule accept
+            (`VerificationInput.draft_limits`). `None`: a draft model's block, γ real drafts in every row.
+        num_forwards (`int`): forwards of the draft model this round (0 for prompt lookup).
     """
 
     tokens: torch.LongTensor
     probs: torch.FloatTensor | None
+    num_per_row: tuple[int, ...] | None = None
+    num_forwards: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -115,6 +122,14 @@ class ModelDrafter:
     def cache(self) -> Cache:
         return self.runner.cache
 
+    def append_tokens(self, row: int, tokens: list[int]) -> None:
+        """Row `row` (its index in the caller's input) took `tokens` this round: nothing to do here (the draft's
+        cache catches up from the batch's slots when it next drafts). `NgramDrafter` keeps its contexts with it."""
+
+    def keep_rows(self, index: torch.LongTensor) -> None:
+        """Keeps the batch rows at `index` in the draft's cache (a dynamic batch whose finished rows leave)."""
+        self.runner.keep_rows(index)
+
     def _next_token(
         self, batch: DecodingBatch, index: int, logits: torch.FloatTensor, keep_probs: bool
     ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
@@ -200,6 +215,7 @@ class ModelDrafter:
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1) if tokens else empty,
             probs=torch.stack(probs, dim=1) if (self.return_probs and probs) else None,
+            num_forwards=len(tokens),  # one forward per drafted token (the first also feeds the slots it has not seen)
         )
 
 

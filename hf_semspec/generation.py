@@ -30,8 +30,9 @@ from ._transformers_compat import (
 from .component_config import default_of, python_number
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
-from .draft_length.base import default_length
+from .draft_length.base import MAX_DRAFT_TOKENS, default_length
 from .errors import invalid_value
+from .ngram import PromptLookup, check_prompt_lookup
 from .rules import RULES, AcceptanceRule
 
 logger = logging.getLogger(__name__)
@@ -41,7 +42,6 @@ ACCEPTANCE_FIELDS = ("acceptance", "acceptance_kwargs")
 DRAFT_LENGTH_FIELDS = ("draft_length", "draft_length_kwargs")
 SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS + DRAFT_LENGTH_FIELDS
 _REGISTRY_OF_FIELD = {"acceptance": RULES, "draft_length": POLICIES}
-MAX_DRAFT_TOKENS = 128
 
 
 def _resolve_component(
@@ -180,6 +180,57 @@ def _resolve_num_assistant_tokens(
     return None, None
 
 
+def _as_transformers_merges(name: str, kwargs: dict, generation_config: GenerationConfig | None, model
+                            ) -> tuple[Any, str]:
+    """`(value, field)` of transformers' field `name` as its `generate()` merges it: the call's (an explicit None
+    included), else a passed config's where not None, else the model's; `field` names where it came from, for the
+    errors."""
+    if name in kwargs:
+        return kwargs[name], name
+    passed = getattr(generation_config, name, None)
+    if passed is not None:
+        return passed, f"generation_config.{name}"
+    return getattr(model.generation_config, name, None), f"model.generation_config.{name}"
+
+
+def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | None, model,
+                           assistant_model) -> PromptLookup | None:
+    """Prompt-lookup drafting's settings, `prompt_lookup_num_tokens` (k) and `max_matching_ngram_size` (n, default
+    2), read as transformers reads them (`_as_transformers_merges`) and validated; None when k is unset. k with an
+    `assistant_model` is refused (multi-level drafting is not supported yet), and so is an n given with the call or
+    a passed config without k, which nothing would read."""
+    num_tokens, num_tokens_field = _as_transformers_merges("prompt_lookup_num_tokens", kwargs, generation_config, model)
+    ngram_size, ngram_field = _as_transformers_merges("max_matching_ngram_size", kwargs, generation_config, model)
+    if num_tokens is None:
+        given = _first_given({"max_matching_ngram_size": kwargs.get("max_matching_ngram_size")}, generation_config,
+                             model.generation_config)
+        if given is not None:
+            field, value = given
+            raise invalid_value(
+                field, value, "only together with prompt_lookup_num_tokens (the n-gram size of prompt-lookup drafts)",
+                "also pass prompt_lookup_num_tokens=<tokens per round> (without assistant_model), or drop "
+                "max_matching_ngram_size",
+            )
+        return None
+    return check_prompt_lookup(num_tokens, ngram_size, assistant_model, num_tokens_field, ngram_field)
+
+
+def _hide_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | None, model) -> GenerationConfig | None:
+    """Hands transformers `prompt_lookup_num_tokens=None`, and returns the generation config to pass it.
+
+    Set, the field makes transformers choose its own assisted generation (`get_generation_mode`), whose checks refuse
+    `num_return_sequences > 1`, though the loop it runs is ours (which has read k and n already). As for stop strings
+    (`_stop_strings_as_criteria`): a value only in a passed config is cleared in a copy of it; one in the call or the
+    model's config is overridden by the call's None (the model's would fill a passed config's None back in)."""
+    name = "prompt_lookup_num_tokens"
+    if name in kwargs or getattr(model.generation_config, name, None) is not None:
+        kwargs[name] = None
+    elif getattr(generation_config, name, None) is not None:
+        generation_config = copy.deepcopy(generation_config)
+        setattr(generation_config, name, None)
+    return generation_config
+
+
 def _drafts_own_length(assistant_model) -> int | None:
     """The draft's `generation_config.num_assistant_tokens`, where stock assisted generation reads γ: the length a
     policy whose length is unset starts from, before the rule's default. Not a value the caller gave this call, so it
@@ -295,8 +346,8 @@ def _release(policy: DraftLengthPolicy) -> None:
 
 def forget_draft_length_state(assistant_model: torch.nn.Module | None = None) -> None:
     """Drops what draft-length policies built from a name learned across calls (see `DraftLengthPolicy`): for every
-    assistant model, or for `assistant_model` only. The next call builds its policy afresh. Policy instances passed
-    as `draft_length=` are the caller's and are not touched."""
+    assistant model, or for `assistant_model` only (the target, for its calls with prompt-lookup drafts). The next
+    call builds its policy afresh. Policy instances passed as `draft_length=` are the caller's and are not touched."""
     with _KEPT_POLICIES_LOCK:
         if assistant_model is None:
             _KEPT_POLICIES.clear()
@@ -310,14 +361,17 @@ def _build_draft_length_policy(
     kwargs: dict,
     generation_config: GenerationConfig | None,
     model: torch.nn.Module,
-    assistant_model: torch.nn.Module,
+    assistant_model: torch.nn.Module | None,
     rule: AcceptanceRule,
+    prompt_lookup: PromptLookup | None = None,
 ) -> DraftLengthPolicy:
     """The draft-length policy of this call: `draft_length` (a name, or a policy instance that keeps its state
     across calls), else transformers' `num_assistant_tokens_schedule`, else `constant`. `num_assistant_tokens`
-    sets the policy's length field (its fixed, initial or maximum length). A policy that
-    `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is kept per models, rule and
-    options (`_kept_policy`). An instance, or a kept policy, is marked in use: release it after the call."""
+    sets the policy's length field (its fixed, initial or maximum length); unset, with prompt-lookup drafts
+    (`prompt_lookup`, no `assistant_model`), a fixed or initial length is k, `prompt_lookup_num_tokens`, which also
+    caps every round. A policy that `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is
+    kept per models (the target alone, and k and n, for prompt lookup), rule and options (`_kept_policy`). An
+    instance, or a kept policy, is marked in use: release it after the call."""
     if isinstance(call_name, DraftLengthPolicy):
         if call_kwargs is not None:
             raise invalid_value(
@@ -409,18 +463,24 @@ def _build_draft_length_policy(
                 num_assistant_tokens = config.max_tokens  # a cap given more specifically than the length: start at it
             setattr(config, length_field, num_assistant_tokens)
         elif getattr(config, length_field) is None:
-            # Unset: the draft's own length (set up for stock assisted generation), else the rule's default.
-            start = _first_set(_drafts_own_length(assistant_model), rule.default_num_draft_tokens)
+            # Unset: the draft's own length (set up for stock assisted generation), or prompt lookup's k, else the
+            # rule's default.
+            own = prompt_lookup.num_tokens if prompt_lookup is not None else _drafts_own_length(assistant_model)
+            start = _first_set(own, rule.default_num_draft_tokens)
             setattr(config, length_field, default_length(config, length_field, start))
         config.validate()
     if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
+        # Prompt lookup has no draft model: its policies are kept on the target, apart from a draft model's.
+        drafter = assistant_model if assistant_model is not None else model
+        if prompt_lookup is not None:
+            key += ("prompt_lookup", prompt_lookup.num_tokens, prompt_lookup.max_ngram_size)
         if policy_class.keeps_state_across_calls:
             # What they learn (round times, the draft's calibration) changes with the models' dtype or device and with
             # greedy or sampled acceptance; the heuristic schedule's length carries over as transformers carries it.
-            key += _placement_key(model) + _placement_key(assistant_model)
+            key += _placement_key(model) + _placement_key(drafter)
             key += (resolved_do_sample(kwargs, generation_config, model),)
-        return _kept_policy(model, assistant_model, key, lambda: policy_class(config))
+        return _kept_policy(model, drafter, key, lambda: policy_class(config))
     return policy_class(config)
 
 
@@ -439,6 +499,7 @@ def _check_target(model: Any) -> None:
 
 
 def _check_models(model: torch.nn.Module, assistant_model: Any, tokenizer: Any = None) -> None:
+    """The target and the draft model (None: prompt-lookup drafts, the target alone is checked)."""
     head = getattr(assistant_model, "get_output_embeddings", None)
     is_causal_lm = (
         isinstance(assistant_model, torch.nn.Module)
@@ -447,14 +508,16 @@ def _check_models(model: torch.nn.Module, assistant_model: Any, tokenizer: Any =
         # its word: the pruned-drafter protocol asks only for a forward that returns logits.)
         and not (callable(head) and head() is None)
     )
-    if not is_causal_lm:
+    if assistant_model is not None and not is_causal_lm:
         raise invalid_value(
             "assistant_model",
             type(assistant_model).__name__,
             "a transformers causal LM with an LM head (e.g. LlamaForCausalLM, not LlamaModel)",
             "pass e.g. AutoModelForCausalLM.from_pretrained(<draft>)",
         )
-    for field, m in (("model", model), ("assistant_model", assistant_model)):
+    models = (("model", model), ("assistant_model", assistant_model)) if assistant_model is not None else (
+        ("model", model),)
+    for field, m in models:
         if m.config.is_encoder_decoder:
             raise invalid_value(
                 f"{field} (is_encoder_decoder)",
@@ -472,9 +535,11 @@ def _check_models(model: torch.nn.Module, assistant_model: Any, tokenizer: Any =
                 "a stateful model (recurrent or linear-attention layers)",
                 "models whose cache can be rolled back after rejected drafts (attention layers), as for stock "
                 "assisted generation",
-                "use an attention-only target and draft, or decode without assistant_model",
+                "use an attention-only target and draft, or decode without assistant_model (and without "
+                "prompt_lookup_num_tokens)",
             )
-    _check_vocabularies(model, assistant_model, tokenizer)
+    if assistant_model is not None:
+        _check_vocabularies(model, assistant_model, tokenizer)
 
 
 def _check_vocabularies(model: torch.nn.Module, assistant_model: Any, tokenizer: Any) -> None:
@@ -620,14 +685,22 @@ def generate(
     r"""transformers' `generate()`, plus speculative decoding with a choice of acceptance rule.
 
     With `acceptance` (here, or as a field of `generation_config` or of `model.generation_config`) and an
-    `assistant_model`, decoding runs hf_semspec's speculative loop; otherwise this is stock transformers
-    `generate()`, unchanged. A default `acceptance` saved in the model's generation config is ignored (with stock
-    decoding) when no `assistant_model` is given.
+    `assistant_model`, or `prompt_lookup_num_tokens` instead of one, decoding runs hf_semspec's speculative loop;
+    otherwise this is stock transformers `generate()`, unchanged. A default `acceptance` saved in the model's
+    generation config is ignored (with stock decoding, its prompt lookup included) when no `assistant_model` is given.
 
     Args:
         model (`PreTrainedModel`): the target model.
-        assistant_model (`PreTrainedModel`): the draft model, with the target's tokenizer; its vocabulary size may
-            differ from the target's by padding only (rows past the tokenizer's last id), checked with `tokenizer`.
+        assistant_model (`PreTrainedModel`, *optional*): the draft model, with the target's tokenizer; its vocabulary
+            size may differ from the target's by padding only (rows past the tokenizer's last id), checked with
+            `tokenizer`. None with `prompt_lookup_num_tokens`.
+        prompt_lookup_num_tokens (`int`, *optional*, in kwargs): without `assistant_model`, draft by prompt lookup: up
+            to this many tokens per round (k, in [1, 128]) copied from after an earlier occurrence of the context's
+            last n-gram, as transformers' prompt lookup decoding finds them (`hf_semspec.ngram`), verified by the
+            rule; every rule but `"rdk"`. With an `assistant_model` it is an error (multi-level drafting is not
+            supported yet). Read as transformers reads it: the call, else a passed, else the model's generation config.
+        max_matching_ngram_size (`int`, *optional*, in kwargs): n, the longest n-gram searched for (≥ 1; default 2, as
+            transformers'); only with `prompt_lookup_num_tokens`.
         tokenizer (`PreTrainedTokenizerBase`, *optional*, in kwargs): the target's tokenizer, as transformers takes
             it: needed for `stop_strings`, and to pair models whose vocabulary sizes differ by padding.
         acceptance (`str`, *optional*): the verification rule, one of `hf_semspec.available_rules()`, e.g.
@@ -645,7 +718,8 @@ def generate(
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
             else from the passed or the target's generation config; default: the draft's generation config's (as
-            stock transformers reads it), else the rule's `default_num_draft_tokens`, for a fixed or initial length;
+            stock transformers reads it), or with prompt lookup `prompt_lookup_num_tokens` (which caps every round
+            anyway), else the rule's `default_num_draft_tokens`, for a fixed or initial length;
             the policy's own cap for one that stops per token (`svip`, `adaedl`, `cost_aware`). Not with a policy
             instance, whose config sets it.
         All other arguments: as `transformers.GenerationMixin.generate`.
@@ -711,21 +785,25 @@ def generate(
                 field,
                 value,
                 f"None without assistant_model (the model's default acceptance={rule_name!r} decodes only with a "
-                "draft; without one this is plain decoding)",
-                f"pass assistant_model=<draft model>, or drop {field}",
+                "draft model; without one this is stock transformers decoding, its own prompt lookup included)",
+                f"pass assistant_model=<draft model>, or acceptance={rule_name!r} with the call (for prompt-lookup "
+                f"drafts verified by the rule), or drop {field}",
             )
     if rule_name is None or (assistant_model is None and source == "model"):
         with _handing_to_transformers():
             return stock_generate(
                 model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
             )
-    if assistant_model is None:
+    # Prompt-lookup drafts (no draft model): k and n as transformers would read them; refused with a draft model.
+    prompt_lookup = _resolve_prompt_lookup(kwargs, generation_config, model, assistant_model)
+    if assistant_model is None and prompt_lookup is None:
         raise invalid_value(
             "assistant_model",
             None,
-            f"a draft model when acceptance={rule_name!r} is set",
-            "pass assistant_model=<draft model>, or drop `acceptance` for plain decoding (if this model is the draft "
-            "of stock assisted generation, which passes it the target's generation config and rule: detach it with "
+            f"a draft model when acceptance={rule_name!r} is set (or prompt-lookup drafts: prompt_lookup_num_tokens)",
+            "pass assistant_model=<draft model>, or prompt_lookup_num_tokens=<tokens per round> to draft from the "
+            "context without one, or drop `acceptance` for plain decoding (if this model is the draft of stock "
+            "assisted generation, which passes it the target's generation config and rule: detach it with "
             "hf_semspec.detach)",
         )
     if custom_generate is not None:
@@ -781,9 +859,11 @@ def generate(
     rule = RULES.build(rule_name, rule_kwargs)
     _check_models(model, assistant_model, tokenizer)
     rule.check_target_model(model)
-    rule.check_assistant_model(assistant_model)
+    rule.check_assistant_model(assistant_model)  # (None: prompt-lookup drafts)
+    if prompt_lookup is not None:
+        stock_arguments["generation_config"] = _hide_prompt_lookup(kwargs, stock_arguments["generation_config"], model)
     policy = _build_draft_length_policy(
-        draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule
+        draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule, prompt_lookup
     )
 
     # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
@@ -794,6 +874,7 @@ def generate(
             rule=rule,
             draft_length=policy,
             streamer=streamer,
+            prompt_lookup=prompt_lookup,
         )
         with _handing_to_transformers():
             return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)

@@ -16,7 +16,7 @@ class AcceptanceStats:
 
     Attributes:
         num_target_forwards (`int`): target forward passes made by the speculative loop (one per round).
-        num_drafted (`int`): draft tokens proposed to the target.
+        num_drafted (`int`): draft tokens proposed to the target (with prompt lookup, the drafts each row found).
         num_accepted (`int`): draft tokens the acceptance rule accepted: its verdicts, so in a last round cut at
             an EOS or a stopping criterion the drafts accepted after the cut count too (then `mean_accepted_drafts`
             can exceed τ − 1). The draft-length policy is told only the ones output.
@@ -30,6 +30,11 @@ class AcceptanceStats:
             verdicts, as `num_accepted`, summed over the rows).
         num_row_forwards (`int`): target forwards counted once per row they verified: each row's rounds, summed
             over the rows (`num_target_forwards` for one row; filled from it when not given).
+        num_draft_forwards (`int`): forward passes of the draft model, one per drafted token (a batch's are shared by
+            its rows: a row counts those of the rounds it took part in); 0 with prompt-lookup drafts.
+        num_ngram_hits (`int`): with prompt-lookup drafts, the rounds in which a row's lookup found drafts it could
+            use, summed over the rows (`num_target_forwards − num_ngram_hits` rounds of one row verified no draft);
+            0 with a draft model.
     """
 
     num_target_forwards: int = 0
@@ -41,6 +46,8 @@ class AcceptanceStats:
     drafted_per_round: list[int] = field(default_factory=list)
     accepted_per_round: list[int] = field(default_factory=list)
     num_row_forwards: int | None = None
+    num_draft_forwards: int = 0
+    num_ngram_hits: int = 0
 
     def __post_init__(self):
         if self.num_row_forwards is None:  # one row's statistics (or a file written before the field)
@@ -67,6 +74,12 @@ class AcceptanceStats:
     def acceptance_rate(self) -> float:
         """Accepted / drafted draft tokens."""
         return self.num_accepted / self.num_drafted if self.num_drafted else 0.0
+
+    @property
+    def draft_forwards_per_drafted_token(self) -> float:
+        """Draft-model forwards per draft token proposed: 1 for one row drafted by a model (less for a batch, whose
+        forwards draft for every row at once), 0 for prompt-lookup drafts."""
+        return self.num_draft_forwards / self.num_drafted if self.num_drafted else 0.0
 
     @property
     def per_position_acceptance(self) -> list[float]:
@@ -98,17 +111,23 @@ class AcceptanceStats:
             drafted_per_round=self.drafted_per_round + other.drafted_per_round,
             accepted_per_round=self.accepted_per_round + other.accepted_per_round,
             num_row_forwards=self.num_row_forwards + other.num_row_forwards,
+            num_draft_forwards=self.num_draft_forwards + other.num_draft_forwards,
+            num_ngram_hits=self.num_ngram_hits + other.num_ngram_hits,
         )
 
-    def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int) -> None:
+    def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int, num_draft_forwards: int = 0,
+                     ngram_hit: bool = False) -> None:
         """Adds one round of one row: `num_drafted` drafts, of which the rule accepted the first `num_accepted` (its
         verdicts), and the `num_new_tokens` the row's sequence took (fewer than `num_accepted + 1` where the output
-        ended inside the round). The loop reads these on the host with the round's one sync."""
+        ended inside the round); the draft model's `num_draft_forwards` of the round, and whether the row's prompt
+        lookup found drafts (`ngram_hit`). The loop reads these on the host with the round's one sync."""
         self.num_target_forwards += 1
         self.num_row_forwards += 1
         self.num_drafted += num_drafted
         self.num_accepted += num_accepted
         self.num_new_tokens += num_new_tokens
+        self.num_draft_forwards += num_draft_forwards
+        self.num_ngram_hits += int(ngram_hit)
         self.drafted_per_round.append(num_drafted)
         self.accepted_per_round.append(num_accepted)
         grow = num_drafted - len(self.drafted_per_position)
@@ -121,13 +140,15 @@ class AcceptanceStats:
 
     @classmethod
     def of_batch(cls, rows: list["AcceptanceStats"]) -> "AcceptanceStats":
-        """A batched call's statistics from its rows': every count summed, except target forwards, one per round (a
-        batched forward verifies every row; a row's rounds are the first ones, while it was decoding), per round
-        the drafts and accepted drafts of all the rows in it; `num_row_forwards` keeps every row's forwards, so
-        `mean_accepted_length` is the rows' pooled τ and `tokens_per_forward` the batch's yield."""
+        """A batched call's statistics from its rows': every count summed, except target and draft forwards, one
+        per round (a batched forward verifies, or drafts for, every row; a row's rounds are the first ones, while it
+        was decoding, so the longest row's are the call's), per round the drafts and accepted drafts of all the rows
+        in it; `num_row_forwards` keeps every row's forwards, so `mean_accepted_length` is the rows' pooled τ and
+        `tokens_per_forward` the batch's yield."""
         total = sum(rows, cls())
         rounds = max((len(r.drafted_per_round) for r in rows), default=0)
         total.num_target_forwards = rounds
+        total.num_draft_forwards = max((r.num_draft_forwards for r in rows), default=0)
         total.drafted_per_round = [sum(r.drafted_per_round[i] for r in rows if i < len(r.drafted_per_round))
                                    for i in range(rounds)]
         total.accepted_per_round = [sum(r.accepted_per_round[i] for r in rows if i < len(r.accepted_per_round))
@@ -143,5 +164,6 @@ class AcceptanceStats:
             mean_accepted_drafts=self.mean_accepted_drafts,
             acceptance_rate=self.acceptance_rate,
             per_position_acceptance=self.per_position_acceptance,
+            draft_forwards_per_drafted_token=self.draft_forwards_per_drafted_token,
         )
         return out

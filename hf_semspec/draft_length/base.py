@@ -37,6 +37,10 @@ from ..registry import Registry
 # `num_assistant_tokens` or the rule's default draft length): the default of most rules.
 UNSET_LENGTH_FALLBACK = 5
 
+# The most tokens one round may draft: the cap on `num_assistant_tokens` (and a draft's own), and on
+# `prompt_lookup_num_tokens`. (Also importable as `hf_semspec.generation.MAX_DRAFT_TOKENS`.)
+MAX_DRAFT_TOKENS = 128
+
 
 def default_length(config: DraftLengthConfig, length_field: str, length: int) -> int:
     """The value a `None` length field of `config` takes from a default `length` (the rule's γ, or tapout's length for

@@ -240,8 +240,19 @@ class AcceptanceRule(ABC):
     def check_target_model(self, model: torch.nn.Module) -> None:
         """Raises before decoding when the target model lacks what the rule needs (nothing, unless a rule says)."""
 
-    def check_assistant_model(self, assistant_model: torch.nn.Module) -> None:
-        """Raises before decoding when the draft model lacks what the rule needs."""
+    def check_assistant_model(self, assistant_model: torch.nn.Module | None) -> None:
+        """Raises before decoding when the draft model lacks what the rule needs; `None`: no draft model, the drafts
+        are prompt lookup's (`hf_semspec.ngram`), one-hot proposals copied from the context."""
+        if self.redistributes_draft and assistant_model is None:
+            raise invalid_value(
+                "acceptance",
+                self.name,
+                f"a rule that verifies drafts made without a draft model (prompt_lookup_num_tokens): {self.name!r} "
+                "redistributes a pruned-vocabulary drafter's distribution through its RDK kernel, and prompt lookup "
+                "has neither",
+                "use acceptance='exact' (lossless) with prompt_lookup_num_tokens, or drop prompt_lookup_num_tokens "
+                "and pass assistant_model=<a pruned drafter with an RDK kernel>",
+            )
         if self.redistributes_draft and getattr(assistant_model, "rdk_indices", None) is None:
             raise invalid_value(
                 "assistant_model",

@@ -686,7 +686,7 @@ class _Loop:
         # not count as accepted, even where the target agrees with them, and a round cut among its accepted drafts
         # saw no rejection (`cut`: its tokens are `keep`, not accepted + 1).
         outcome = RoundOutcome(
-            gamma if draft_limits is None else draft_limits[i], min(accepted, keep), 0.0,
+            usable, min(accepted, keep), 0.0,
             num_matched=None if num_matched is None else min(num_matched, keep), cut=keep <= accepted,
         )
         return keep, ends, outcome

@@ -192,7 +192,7 @@ class ModelDrafter:
         # Rows with nothing more to draft for: finished ones (kept for a static cache's shape) and, read per token
         # below, those that drafted an EOS.
         done = [not decoding for decoding in batch.decoding]
-        decoding_rows = None if all(batch.decoding) else torch.tensor(
+        decoding_rows = None if not asks_policy or all(batch.decoding) else torch.tensor(
             [i for i, decoding in enumerate(batch.decoding) if decoding], device=self.output_device
         )
         while len(tokens) < max_tokens:

@@ -138,15 +138,22 @@ def _stop_strings_as_criteria(
                 "its token strings)", "pass tokenizer=<the target's tokenizer> to generate()",
             )
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
-    if "stop_strings" not in kwargs and from_config is not None and from_model is None:
-        generation_config = copy.deepcopy(generation_config)  # only there: transformers reads None as unset
-        generation_config.stop_strings = None
-    else:
-        # From the call, or from the model's config, which transformers would fill a passed config's None from:
-        # only the call's None overrides it. (With a passed config, transformers then warns that a config and an
-        # argument were both given.)
-        kwargs["stop_strings"] = None
-    return criteria, generation_config
+    return criteria, _hand_transformers_none("stop_strings", kwargs, generation_config, model)
+
+
+def _hand_transformers_none(name: str, kwargs: dict, generation_config: GenerationConfig | None, model
+                            ) -> GenerationConfig | None:
+    """Makes transformers' `generate()` see field `name` as None (a setting the loop has read already), and returns
+    the generation config to pass it. A value only in a passed config is cleared in a copy of it (transformers reads
+    a None there as unset); one in the call or the model's config is overridden by the call's None (the model's would
+    fill a passed config's None back in; with a passed config, transformers then warns that a config and an argument
+    were both given)."""
+    if name in kwargs or getattr(model.generation_config, name, None) is not None:
+        kwargs[name] = None
+    elif getattr(generation_config, name, None) is not None:
+        generation_config = copy.deepcopy(generation_config)
+        setattr(generation_config, name, None)
+    return generation_config
 
 
 # Where a setting comes from, most to least specific: the call wins over a passed config, which wins over the model's.
@@ -213,22 +220,6 @@ def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | N
             )
         return None
     return check_prompt_lookup(num_tokens, ngram_size, assistant_model, num_tokens_field, ngram_field)
-
-
-def _hide_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | None, model) -> GenerationConfig | None:
-    """Hands transformers `prompt_lookup_num_tokens=None`, and returns the generation config to pass it.
-
-    Set, the field makes transformers choose its own assisted generation (`get_generation_mode`), whose checks refuse
-    `num_return_sequences > 1`, though the loop it runs is ours (which has read k and n already). As for stop strings
-    (`_stop_strings_as_criteria`): a value only in a passed config is cleared in a copy of it; one in the call or the
-    model's config is overridden by the call's None (the model's would fill a passed config's None back in)."""
-    name = "prompt_lookup_num_tokens"
-    if name in kwargs or getattr(model.generation_config, name, None) is not None:
-        kwargs[name] = None
-    elif getattr(generation_config, name, None) is not None:
-        generation_config = copy.deepcopy(generation_config)
-        setattr(generation_config, name, None)
-    return generation_config
 
 
 def _drafts_own_length(assistant_model) -> int | None:
@@ -861,7 +852,11 @@ def generate(
     rule.check_target_model(model)
     rule.check_assistant_model(assistant_model)  # (None: prompt-lookup drafts)
     if prompt_lookup is not None:
-        stock_arguments["generation_config"] = _hide_prompt_lookup(kwargs, stock_arguments["generation_config"], model)
+        # Set, the field makes transformers choose its own assisted generation (`get_generation_mode`), whose checks
+        # refuse `num_return_sequences > 1`, though the loop it runs is ours (which has read k and n already).
+        stock_arguments["generation_config"] = _hand_transformers_none(
+            "prompt_lookup_num_tokens", kwargs, stock_arguments["generation_config"], model
+        )
     policy = _build_draft_length_policy(
         draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule, prompt_lookup
     )

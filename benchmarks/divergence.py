@@ -200,6 +200,8 @@ def traceable(method: dict, record: dict) -> str | None:
         return f"rule {method['rule']!r} is not lossless: its text may differ from plain's by design"
     if method.get("draft") == "pruned_draft":
         return "runs with a pruned drafter, which this script does not load"
+    if method.get("drafting") in (methods.LOOKUP, methods.MLA):
+        return f"drafts by prompt lookup (--drafting {method['drafting']}), which this script does not rebuild"
     if recorded_lengths(record) is None and method["draft_length"] not in FIXED_LENGTH_POLICIES:
         return (f"draft length {method['draft_length']!r} depends on what the policy learned earlier in the run, and "
                 "the run did not keep its round lengths")

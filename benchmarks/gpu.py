@@ -1,27 +1,50 @@
 """GPU benchmark: speculative decoding with random-weight models built from real configs (no weights to download).
 
-    python benchmarks/gpu.py                          # Qwen2.5-Coder-1.5B target / 0.5B draft shapes, bf16, cuda
-    python benchmarks/gpu.py --target qwen2.5-7b      # a 7B-class target (its vocabulary padded to 152064 rows)
-    python benchmarks/gpu.py --batch-sizes 1,8,32     # batched rows (eager, dynamic caches)
+    python benchmarks/gpu.py --target qwen2.5-7b      # the full run: compiled, α ≈ 0 and α = 1, MLA, warm-up
+    python benchmarks/gpu.py --target qwen2.5-7b --parts warmup   # a second process: first calls from torch's caches
+    python benchmarks/gpu.py --parts eager,batched    # the eager parts (Qwen2.5-Coder-1.5B target / 0.5B draft shapes)
     python benchmarks/gpu.py --target tiny --draft tiny --device cpu --dtype float32 --compile-backend aot_eager \
         --new-tokens 8 --prompt-length 8               # a smoke run (what tests/test_benchmark_gpu.py runs)
 
-Random weights decide nothing about acceptance, so the benchmark measures costs and prices them at the acceptance the
-reference pair really has. Three parts (`--parts`, all by default), each written to `<output-dir>/gpu-<name>.{json,md}`
-as soon as it is done; compilation takes most of a run (70-80 s a graph for a 28-layer model on an H100's host), so the
-compiled part compiles only what a user's call compiles:
+Random weights decide nothing about acceptance, so the benchmark measures costs, runs the two ends of acceptance live
+(α ≈ 0: an independent draft; α = 1: both models' final norms zeroed, `always_token_zero`, so that both always pick
+token 0 while every forward does its full work) and prices the middle at the acceptance the reference pair really
+has. Parts (`--parts`; default `compiled,mla,warmup`), each written to `<output-dir>/gpu-<name>.{json,md}` as soon as
+it is done:
 
-1. `eager`: costs in ms (synchronized timers, median of `--repeats`): the draft's and the target's one-token steps and
-   the target's verify forward at each γ of `--gammas` (dynamic caches), and each rule's verification at γ
-   (`rule.verify` on random logits); then live tokens/s at batch 1: plain decoding, stock assisted and every rule with
-   the target's own weights as the draft (every draft accepted: the best case), and `exact` with an independent draft
-   of the draft's shape (nothing accepted: the worst case).
-2. `batched` (`--batch-sizes`, eager, dynamic caches): plain batched decoding and batched `exact` (draft = the target's
-   weights), live, and batched `exact` modeled at the first reference acceptance from the eager costs at that size.
-3. `compiled` (static caches, `compile_config`): plain compiled decoding (transformers' own static-cache path) and every
-   rule with the independent draft, live. The compiled costs are read inside these runs: every forward of the loop is
-   timed by CUDA events (`ForwardTimes`), so the draft's step and the verify forward at γ cost no compilation of their
-   own; the verify forward is priced the same at every γ (measured flat, 3.7-3.9 ms for γ = 1-8, on an H100).
+1. `eager`: live tokens/s at batch 1: plain decoding, stock assisted and every rule with the target's own weights as
+   the draft (α = "self"), and `exact` with an independent draft. Before any part: eager costs in ms (synchronized
+   timers, median of `--repeats`): the draft's and the target's one-token steps, the target's verify forward at each
+   γ of `--gammas` (dynamic caches) and each rule's verification at γ (`rule.verify` on random logits).
+2. `batched` (`--batch-sizes`, eager, dynamic caches): plain and `exact` (draft = the target's weights), live, and
+   `exact` modeled at the first reference acceptance.
+3. `compiled` (static caches, `compile_config`), at each of `--compiled-batch-sizes` (default 1, 8): plain decoding,
+   every rule (batches: `exact`) with the independent draft, then plain and `exact` at α = 1. Every forward of a
+   speculative run is timed (CUDA events, `ForwardTimes`), so its host time per round (`overhead_ms`) is its wall time
+   less its forwards and the rule's verification (timed at its batch size); batch 1's `exact` run gives the compiled
+   costs. The first call of each run is timed too (`first_call_s`, compilation included): the first plain and the
+   first speculative compiled calls of the process are the warm-up (`warmup`).
+4. `mla`: multi-level drafting, modeled: the draft's compiled forward over 1 + `--mla-k` tokens (their logits kept),
+   timed; a round drafts γ tokens in γ · `--mla-draft-forwards-per-token` such forwards (`mla_modeled`).
+5. `warmup`: after `torch._dynamo.reset()` (or first thing in a fresh process), the first plain and speculative
+   compiled calls again, from torch's compile caches (`warmup.from_caches`).
+
+Every live record has `compiled`, `batch_size`, `rule` (None for plain and stock), `alpha` (`ALPHAS`), `first_call_s`,
+`tau` for speculative runs and `overhead_ms` for compiled speculative runs (`check_live_records`).
+
+Time: compilation takes most of a GPU run: 70-80 s a graph for a 28-layer model (H100 host, inductor,
+`reduce-overhead`).
+The compiled parts compile one graph per model and input shape (`graph_plan`, stored as `graph_plan`; what torch
+really compiled is counted, `graphs_compiled`): at each batch size, plain decoding's step, the verify forward (γ + 1),
+the draft's step and its 2-token catch-up step: 4 graphs; α = 1 adds none (weights zeroed in place, the same graphs);
+`mla` 1 (the draft over 1 + k tokens); `warmup` recompiles batch 1's 4 from the caches (cheaper, not measured yet). The
+default 7B run is thus 4 + 4 + 1 graphs, about 11 minutes at 75 s a graph, plus about 1.5 minutes of runs: more than
+8 minutes. `--budget-s` (480) keeps a call within its time: before each group (a batch size, `mla`, `warmup`) the run
+prices it at `--graph-seconds` a graph (75, replaced by the run's own measure once its first compiled call is timed) and
+the runs at twice the slowest run so far; a group that does not fit is skipped and listed in `skipped`, with the
+command that runs it alone. At 75 s a graph the default call runs batch 1 (4 graphs, about 6 minutes), then `mla`
+if a graph's time is left, and skips batch 8 and `warmup`: `--parts compiled --compiled-batch-sizes 8` runs batch 8 in
+a second call (about 6 minutes).
 
 Then speed is modeled at the reference pair's acceptance (`--acceptance`: the per-position acceptance of the committed
 CPU runs on Spec-Bench and on GSM8K): per γ, E[tokens per round] / (γ·draft step + verify(γ) + verification + the live
@@ -42,7 +65,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from transformers import CompileConfig, DynamicCache, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
+from transformers import CompileConfig, DynamicCache, Qwen2Config, Qwen2ForCausalLM, StaticCache  # noqa: E402
 
 import hf_semspec  # noqa: E402
 from benchmarks import markdown, report  # noqa: E402
@@ -85,6 +108,9 @@ class TokenizerOfSize:
 DEFAULT_ACCEPTANCE = REPO_ROOT / "benchmarks" / "results" / "reference-acceptance.json"
 
 
+PARTS = ("eager", "batched", "compiled", "mla", "warmup")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="qwen2.5-coder-1.5b", choices=sorted(SHAPES))
@@ -95,14 +121,32 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=256)
     parser.add_argument("--gamma", type=int, default=5, help="draft tokens per round of the live runs")
     parser.add_argument("--gammas", default="1,2,3,4,5,6,8,12,16", help="γ at which verify forwards are timed (eager)")
-    parser.add_argument("--parts", default="eager,batched,compiled",
-                        help="which parts to run: eager, batched, compiled (the docstring says what each does)")
+    parser.add_argument("--parts", default="compiled,mla,warmup",
+                        help=f"which parts to run, a comma-separated subset of {','.join(PARTS)} (the docstring says "
+                             "what each does)")
     parser.add_argument("--rules", default=",".join(hf_semspec.available_rules()))
-    parser.add_argument("--batch-sizes", default="1,8,32")
+    parser.add_argument("--batch-sizes", default="1,8,32", help="batch sizes of the eager `batched` part")
+    parser.add_argument("--compiled-batch-sizes", default="1,8",
+                        help="batch sizes of the `compiled` part, in order (1 first: the costs, and the warm-up)")
     parser.add_argument("--batch-new-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=20, help="timed repeats of each cost")
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--compile-mode", default="reduce-overhead", help="'none' for the backend's default")
+    parser.add_argument("--mla-k", type=int, default=6,
+                        help="multi-level drafting: n-gram candidates the draft verifies in one forward of 1 + k "
+                             "tokens")
+    parser.add_argument("--mla-draft-forwards-per-token", type=float, default=0.5,
+                        help="multi-level drafting: the draft's forwards per drafted token (modeled)")
+    parser.add_argument("--budget-s", type=float, default=480.0,
+                        help="seconds the run may take: a group of compiled runs that would not fit is skipped, "
+                             "with the command that runs it")
+    parser.add_argument("--graph-seconds", type=float, default=75.0,
+                        help="seconds one compiled graph takes, until the run has measured its own")
+    parser.add_argument("--save-compile-cache", type=Path, default=None,
+                        help="write torch's compile caches of this run to this file (torch.compiler."
+                             "save_cache_artifacts), for --load-compile-cache on another machine")
+    parser.add_argument("--load-compile-cache", type=Path, default=None,
+                        help="load torch's compile caches from this file first (torch.compiler.load_cache_artifacts)")
     parser.add_argument("--acceptance", type=Path, default=DEFAULT_ACCEPTANCE)
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
     parser.add_argument("--name", default=None, help="results name (default gpu-<target>-<dtype>)")
@@ -123,6 +167,45 @@ def random_model(shape: str, dtype: torch.dtype, device: str, seed: int) -> Qwen
         model = Qwen2ForCausalLM(config).to(dtype).eval()
     model.generation_config.eos_token_id = None  # random weights: every run makes exactly its new tokens
     return hf_semspec.attach(model)
+
+
+# What a live record's `alpha` says of its drafts: the target's own weights drafting (every draft right; the eager
+# part), the draft of `--draft`'s shape with its own random weights (about nothing accepted), or both models' final
+# norms zeroed (`always_token_zero`: every draft right at the compiled costs of real forwards). None for plain
+# decoding of the random weights.
+ALPHAS = {"self": "the target's weights as the draft", "independent": "an independent draft (α ≈ 0)",
+          "1": "both final norms zeroed (α = 1)"}
+
+
+def final_norm(model: torch.nn.Module) -> torch.nn.Module:
+    """The norm before `model`'s LM head (Qwen2, Llama: `model.model.norm`)."""
+    norm = getattr(getattr(model, "model", None), "norm", None)
+    if norm is None or getattr(norm, "weight", None) is None:
+        raise ValueError(
+            f"model: {type(model).__name__} has no final norm with a weight at `model.model.norm.weight`, which "
+            "always_token_zero zeroes. Fix: pass a Qwen2- or Llama-style causal LM (benchmarks/gpu.py builds Qwen2)."
+        )
+    return norm
+
+
+@contextmanager
+def always_token_zero(*models: torch.nn.Module):
+    """α = 1 with the costs of real forwards: while open, each model's final-norm weight is 0, so its last hidden
+    states, and its logits (a head without bias), are 0 at every position, and greedy decoding picks token 0 (argmax
+    returns the first of equal values) in the target and in the draft alike: every draft is right, while every
+    forward still does all of its work. The weights are zeroed in place (their tensors keep their addresses, so the
+    graphs compiled, and the CUDA graphs captured, for the random weights serve unchanged) and restored on exit."""
+    weights = [final_norm(model).weight for model in models]
+    saved = [weight.detach().clone() for weight in weights]
+    try:
+        with torch.no_grad():
+            for weight in weights:
+                weight.zero_()
+        yield models
+    finally:
+        with torch.no_grad():
+            for weight, kept in zip(weights, saved):
+                weight.copy_(kept)
 
 
 class Timer:
@@ -226,6 +309,12 @@ class ForwardTimes:
                  for n, k, start, end in self.calls if n == new_tokens and k == num_logits]
         return statistics.median(times) if times else None
 
+    def total_ms(self) -> float:
+        """ms of every recorded forward, summed."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        return sum(start.elapsed_time(end) if self.cuda else (end - start) * 1e3 for _, _, start, end in self.calls)
+
 
 def interpolated(costs: dict[int, float], gamma: int) -> float:
     """costs at `gamma`, linear between the measured γ (constant past the ends)."""
@@ -239,13 +328,14 @@ def interpolated(costs: dict[int, float], gamma: int) -> float:
     return costs[lower] + (costs[upper] - costs[lower]) * (gamma - lower) / (upper - lower)
 
 
-def verification_costs(args, timer: Timer, rules: list[str], gamma: int, target) -> dict:
-    """ms of each rule's `verify` at γ on random logits (greedy; dropmatch with the target's head)."""
+def verification_costs(args, timer: Timer, rules: list[str], gamma: int, target, batch_size: int = 1) -> dict:
+    """ms of each rule's `verify` at γ on random logits of `batch_size` rows (greedy; dropmatch with the target's
+    head)."""
     vocab = SHAPES[args.target]["vocab_size"]
     hidden_size = target.config.hidden_size
-    logits = torch.randn(1, gamma + 1, vocab, device=args.device)
+    logits = torch.randn(batch_size, gamma + 1, vocab, device=args.device)
     drafts = logits[:, :-1].argmax(-1)
-    hidden = torch.randn(1, gamma + 1, hidden_size, device=args.device, dtype=target.dtype)
+    hidden = torch.randn(batch_size, gamma + 1, hidden_size, device=args.device, dtype=target.dtype)
     head = target.get_output_embeddings()
     costs = {}
     for name in rules:
@@ -265,9 +355,16 @@ def verification_costs(args, timer: Timer, rules: list[str], gamma: int, target)
 
 
 def live(target, draft, args, timer: Timer, method: str, rule: str | None = None, compiled: bool = False,
-         batch_size: int = 1, new_tokens: int | None = None, times: ForwardTimes | None = None) -> dict:
-    """One timed generation (after an untimed one that compiles what it needs); `times` records the timed one's
-    forwards."""
+         batch_size: int = 1, new_tokens: int | None = None, times: ForwardTimes | None = None,
+         alpha: str | None = None) -> dict:
+    """One timed generation (after an untimed one that compiles what it needs, timed as `first_call_s`); `times`
+    records the timed one's forwards.
+
+    Returns the live record: `method` (plain, stock, semspec), `rule` (None for plain and stock), `compiled`,
+    `batch_size`, `alpha` (`ALPHAS`), `new_tokens` (all rows'), `seconds`, `tokens_per_s`, `first_call_s` (the first
+    call: compilation, CUDA-graph capture and allocation included), `graphs_compiled` (the graphs torch compiled in
+    the first call: `compiled_graphs`) and, for speculative runs, `tau` and `round_ms` (`stock`: τ counted from the
+    target's forwards); `text`, the new tokens, which `main` compares with plain decoding's and drops."""
     new_tokens = new_tokens or args.new_tokens
     # The same prompt for every method at a batch size, so that each run's text can be compared with plain decoding's.
     generator = torch.Generator().manual_seed(args.seed * 1000 + batch_size)
@@ -291,22 +388,193 @@ def live(target, draft, args, timer: Timer, method: str, rule: str | None = None
             return target.generate(prompt, assistant_model=draft, acceptance=rule, num_assistant_tokens=args.gamma,
                                    tokenizer=TokenizerOfSize(TOKENIZER_SIZES[args.target]),
                                    return_dict_in_generate=True, **common)
+    target_forwards = []
     with torch.no_grad():
-        call()  # compiles, captures, allocates
-        with times.recording() if times is not None else nullcontext():
-            out, seconds = timer.run(call)
+        graphs_before = compiled_graphs()
+        _, first_call_s = timer.run(call)  # compiles, captures, allocates
+        graphs = compiled_graphs() - graphs_before
+        # stock assisted generation reports no rounds: the target's forwards are counted (it stays eager), those
+        # outside the draft's nested `generate()` (the draft may be the target itself)
+        hook, drafting = None, []
+        if method == "stock":
+            hook = target.register_forward_hook(lambda *_: None if drafting else target_forwards.append(1))
+            draft_generate, attached = draft.generate, vars(draft).get("generate")  # (hf_semspec.attach sets one)
+
+            def flagged(*a, **k):
+                drafting.append(1)
+                try:
+                    return draft_generate(*a, **k)
+                finally:
+                    drafting.pop()
+
+            draft.generate = flagged  # the instance's: the target's own call goes through its class
+        try:
+            with times.recording() if times is not None else nullcontext():
+                out, seconds = timer.run(call)
+        finally:
+            if hook is not None:
+                hook.remove()
+                if attached is None:
+                    del draft.generate
+                else:
+                    draft.generate = attached
     sequences = out if isinstance(out, torch.Tensor) else out.sequences
-    record = {"method": method, "rule": rule, "compiled": compiled, "batch_size": batch_size,
+    record = {"method": method, "rule": rule, "compiled": compiled, "batch_size": batch_size, "alpha": alpha,
               "new_tokens": new_tokens * batch_size, "seconds": seconds,
-              "tokens_per_s": new_tokens * batch_size / seconds,
-              "text": sequences[:, args.prompt_length:].tolist()}
+              "tokens_per_s": new_tokens * batch_size / seconds, "first_call_s": first_call_s,
+              "graphs_compiled": graphs, "text": sequences[:, args.prompt_length:].tolist()}
     stats = getattr(out, "acceptance_stats", None)
     if stats is not None:
         # τ per row (pooled over a batch's rows) and, for batches, the batch's tokens per forward
         record.update(tau=stats.mean_accepted_length, tokens_per_forward=stats.tokens_per_forward,
                       rounds=stats.num_target_forwards,
                       round_ms=seconds * 1e3 / stats.num_target_forwards)
+    elif target_forwards:
+        record.update(tau=new_tokens / len(target_forwards), rounds=len(target_forwards),
+                      round_ms=seconds * 1e3 / len(target_forwards))
     return record
+
+
+def compiled_graphs() -> int:
+    """Graphs torch has compiled in this process so far (dynamo's `unique_graphs`, which `torch._dynamo.reset()`
+    does not clear): the difference around a call is what it compiled."""
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def host_overhead(record: dict, times: ForwardTimes, verification_ms: float) -> dict:
+    """The host's share of a compiled speculative run's rounds (`overhead_ms`), from its own recorded forwards: the
+    run's wall time less the device time of every forward it made (`ForwardTimes`: the prefill, each draft step and
+    catch-up, each verify forward) and the rule's verification (`verification_ms`, timed apart at the run's batch
+    size), per round. Also `forward_ms_per_round`, and the medians of the draft's one-token step (`draft_step_ms`) and
+    of the verify forward at γ (`verify_ms`)."""
+    forward_ms = times.total_ms()
+    rounds = record["rounds"]
+    record["forward_ms_per_round"] = forward_ms / rounds
+    record["verification_ms"] = verification_ms
+    record["overhead_ms"] = (record["seconds"] * 1e3 - forward_ms) / rounds - verification_ms
+    return record
+
+
+def graph_plan(args, rules: list[str], parts: list[str]) -> list[dict]:
+    """The distinct graphs the compiled parts compile, one per model and input shape `(batch, new tokens)`: at each
+    batch size of `--compiled-batch-sizes`, plain decoding's step (the target, 1 token), the verify forward (the
+    target, γ + 1 tokens; not for `dropmatch` alone, whose target forward stays eager), the draft's step (1 token) and
+    its catch-up step (2 tokens); `mla`, the draft's forward over 1 + k tokens keeping their logits; `warmup`, the
+    batch-1 graphs again after `torch._dynamo.reset()`, from torch's compile caches (`cached`: cheaper, not free).
+    α = 1 runs add none: they zero weights in place (`always_token_zero`). torch may compile a shape once more with
+    dynamic sizes (its automatic dynamic shapes); the run counts what it really compiled (`graphs_compiled`)."""
+    plan = []
+    if "compiled" in parts:
+        for batch_size in ints(args.compiled_batch_sizes):
+            plan.append(dict(model="target", batch_size=batch_size, tokens=1, what="plain decoding's step"))
+            if any(rule != "dropmatch" for rule in rules):
+                plan.append(dict(model="target", batch_size=batch_size, tokens=args.gamma + 1, what="verify forward"))
+            plan.append(dict(model="draft", batch_size=batch_size, tokens=1, what="draft step"))
+            plan.append(dict(model="draft", batch_size=batch_size, tokens=2, what="draft catch-up step"))
+    if "mla" in parts:
+        plan.append(dict(model="draft", batch_size=1, tokens=1 + args.mla_k, what="multi-level drafting's forward"))
+    if "warmup" in parts:
+        plan += [{**graph, "cached": True} for graph in plan
+                 if graph["batch_size"] == 1 and graph["what"] != "multi-level drafting's forward"]
+    return plan
+
+
+class Budget:
+    """`--budget-s` seconds from `started`, and the seconds a graph compiles in: `--graph-seconds` until the run has
+    timed a first call that compiled (then its first call's time less its steady one's, per graph compiled)."""
+
+    def __init__(self, seconds: float, graph_seconds: float, started: float):
+        self.seconds, self.graph_seconds, self.started = seconds, graph_seconds, started
+        self.measured = False
+        self.run_seconds = 0.0  # the slowest timed run so far: each run of a group is priced at twice it
+
+    def left(self) -> float:
+        return self.seconds - (time.perf_counter() - self.started)
+
+    def estimate(self, graphs: int, runs: int, scale: float = 1.0) -> float:
+        return graphs * self.graph_seconds + runs * 2 * self.run_seconds * scale
+
+    def learn(self, record: dict) -> None:
+        self.run_seconds = max(self.run_seconds, record["seconds"])
+        if record["graphs_compiled"] and not self.measured:
+            self.graph_seconds = max(record["first_call_s"] - record["seconds"], 0.0) / record["graphs_compiled"]
+            self.measured = True
+
+
+def draft_forward_ms(model, args, timer: Timer, num_tokens: int) -> tuple[float, int]:
+    """ms of `model`'s compiled forward over `num_tokens` new tokens that keeps the logits of all of them (what the
+    draft verifying n-gram candidates needs), batch 1, on a static cache after a prompt of `--prompt-length` (the live
+    runs' length), and the graphs its compilation took. Device time (CUDA events) on a GPU, median of `--repeats`."""
+    from hf_semspec.decoding import compiled_forward
+
+    length = args.prompt_length + args.new_tokens
+    cache = StaticCache(config=model.config, max_cache_len=length)
+    prompt = torch.randint(1, TOKENIZER_SIZES[args.draft], (1, args.prompt_length), device=args.device)
+    forward = compiled_forward(model, compile_config(args))
+    ids = prompt[:, :num_tokens]
+    positions = torch.arange(args.prompt_length, args.prompt_length + num_tokens, device=args.device)[None]
+    times = ForwardTimes(args.device)
+    with torch.no_grad():
+        model(prompt, use_cache=True, **{CACHE_ARGUMENT: cache})  # the prompt, eagerly (as the loop's prefill)
+
+        def step():
+            start = times._mark()
+            out = forward(input_ids=ids, position_ids=positions, use_cache=True, logits_to_keep=num_tokens,
+                          **{CACHE_ARGUMENT: cache})
+            out.logits.float()
+            times.calls.append((num_tokens, num_tokens, start, times._mark()))
+            rewind_cache(cache, num_tokens)
+
+        graphs_before = compiled_graphs()
+        step()  # compiles
+        graphs = compiled_graphs() - graphs_before
+        times.calls.clear()
+        for _ in range(args.repeats):
+            step()
+    return times.median_ms(num_tokens, num_tokens), graphs
+
+
+CONTRACT = {
+    "every live record": ("compiled", "batch_size", "rule", "alpha"),
+    "a speculative run (method other than plain)": ("tau",),
+    "a compiled speculative run": ("overhead_ms",),
+}
+
+
+def check_live_records(records: list[dict]) -> None:
+    """What the next GPU session reads from `live` (docs/gpu.md): every record has `compiled`, `batch_size`, `rule`
+    (None for plain decoding) and `alpha`; speculative runs `tau`; compiled speculative runs `overhead_ms` (host ms
+    per round). Raises naming the record and the field."""
+    for index, record in enumerate(records):
+        needed = list(CONTRACT["every live record"])
+        if record.get("method") != "plain":
+            needed += CONTRACT["a speculative run (method other than plain)"]
+            if record.get("compiled"):
+                needed += CONTRACT["a compiled speculative run"]
+        missing = [field for field in needed if field not in record]
+        if missing:
+            raise ValueError(
+                f"live[{index}] ({record.get('method')}, rule {record.get('rule')}, compiled {record.get('compiled')}, "
+                f"batch {record.get('batch_size')}): missing {missing}; every live record needs "
+                f"{CONTRACT['every live record']}, speculative ones also tau, compiled speculative ones overhead_ms. "
+                "Fix: record them where benchmarks/gpu.py adds the run (live, host_overhead)."
+            )
+
+
+def first_call(record: dict) -> dict:
+    """A run's warm-up: its first call (compilation, CUDA-graph capture and allocation included) against a steady
+    call, and the graphs the first one compiled."""
+    return {"method": record["method"], "rule": record["rule"], "batch_size": record["batch_size"],
+            "warmup_s": record["first_call_s"], "steady_s": record["seconds"],
+            "graphs_compiled": record["graphs_compiled"]}
+
+
+def inductor_cache_dir() -> str:
+    """Where inductor keeps its compile caches on disk (`TORCHINDUCTOR_CACHE_DIR`, default
+    /tmp/torchinductor_<user>)."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
 
 
 def expected_tokens(acceptance: list[float], gamma: int) -> float:
@@ -360,22 +628,66 @@ def render(results: dict) -> str:
         lines += markdown.table(["", "eager", "compiled"], rows) + [""]
     records = results.get("live")
     if records:
-        plain_eager = next((r["tokens_per_s"] for r in records if r["method"] == "plain" and not r["compiled"]), None)
-        plain_compiled = next((r["tokens_per_s"] for r in records if r["method"] == "plain" and r["compiled"]), None)
-        lines += ["## Live, batch 1", ""]
+        def plain_of(r: dict, compiled: bool) -> float | None:
+            """Plain decoding's tok/s at `r`'s batch size (random weights)."""
+            return next((p["tokens_per_s"] for p in records if p["method"] == "plain" and p["compiled"] == compiled
+                         and p["batch_size"] == r["batch_size"] and p.get("alpha") is None), None)
+
+        lines += ["## Live", ""]
         rows = []
         for r in records:
             label = r["method"] if r["rule"] is None else f"`{r['rule']}`"
-            rows.append([label, r.get("draft", ""), "compiled" if r["compiled"] else "eager",
+            plain_eager, plain_compiled = plain_of(r, False), plain_of(r, True)
+            rows.append([label, str(r["batch_size"]), r.get("alpha") or "", "compiled" if r["compiled"] else "eager",
                          f"{r['tokens_per_s']:.1f}", f"{r['tau']:.2f}" if "tau" in r else "–",
                          f"{r['tokens_per_s'] / plain_eager:.2f}×" if plain_eager else "–",
                          f"{r['tokens_per_s'] / plain_compiled:.2f}×" if plain_compiled else "–",
                          f"{r['overhead_ms']:.2f}" if "overhead_ms" in r else "–",
+                         f"{r['first_call_s']:.1f}" if "first_call_s" in r else "–",
                          f"{r['agrees_with_plain']:.0%}" if "agrees_with_plain" in r else "–"])
-        lines += markdown.table(["method", "draft", "", "tok/s", "τ", "of plain eager", "of plain compiled",
-                                 "host ms / round", "text as plain's*"], rows)
-        lines += ["", "\\* the share of new tokens before the first difference from plain decoding's text (same "
-                  "mode, same prompt); bf16 rounding can part greedy texts at a near tie of random weights.", ""]
+        lines += markdown.table(["method", "B", "α", "", "tok/s", "τ", "of plain eager", "of plain compiled",
+                                 "host ms / round", "first call s", "text as plain's*"], rows)
+        lines += ["", "α: " + "; ".join(f"{k}, {v}" for k, v in ALPHAS.items()) + ". \\* the share of new tokens "
+                  "before the first difference from plain decoding's text (same mode, batch and weights, same prompt); "
+                  "bf16 rounding can part greedy texts at a near tie of random weights.", ""]
+    warmup = results.get("warmup")
+    if warmup:
+        lines += ["## Warm-up (s)", ""]
+        rows = []
+        for label, entry in (("first compiled calls", warmup), ("again, from torch's compile caches",
+                                                                warmup.get("from_caches", {}))):
+            for side in ("plain", "speculative"):
+                if side in entry:
+                    w = entry[side]
+                    rows.append([label, side if w["rule"] is None else f"{side} (`{w['rule']}`)",
+                                 f"{w['warmup_s']:.1f}", f"{w['steady_s']:.2f}", str(w["graphs_compiled"])])
+        lines += markdown.table(["", "call", "first call", "steady call", "graphs compiled"], rows) + [""]
+        if "ratio" in warmup:
+            lines.append(f"- The first speculative call took {warmup['ratio']:.2f}× plain decoding's first call.")
+        caches = warmup.get("from_caches")
+        if caches:
+            how = "a fresh process" if caches["process_fresh"] else "after torch._dynamo.reset()"
+            lines.append(f"- From the caches ({how}, {caches['cache_files_before']} files in {caches['cache_dir']}): "
+                         f"the speculative first call took {caches['ratio']:.2f}× plain's.")
+        lines.append("")
+    mla = results.get("mla_modeled")
+    if mla:
+        lines += ["## Multi-level drafting (modeled)", "",
+                  f"The draft's compiled forward over 1 + k = {mla['forward_tokens']} tokens: "
+                  f"{mla['draft_forward_ms']:.2f} ms; at {mla['draft_forwards_per_token']} forwards per drafted token, "
+                  f"{mla['draft_ms_per_drafted_token']:.2f} ms per drafted token"
+                  + (f" (one-token step: {mla['draft_step_ms']:.2f} ms)." if mla.get("draft_step_ms") else "."), ""]
+        if mla.get("missing"):
+            lines += [f"Not modeled: needs {mla['missing']}.", ""]
+        for set_name, entry in mla["sets"].items():
+            best = entry["best"]
+            of_plain = f", {best['of_plain_compiled']:.2f}× plain compiled" if best["of_plain_compiled"] else ""
+            lines.append(f"- {set_name}: best γ = {best['gamma']}, {best['tokens_per_s']:.1f} tok/s{of_plain}, "
+                         f"{best['of_standard_best']:.2f}× the best of one-token draft steps.")
+        lines.append("")
+    if results.get("skipped"):
+        lines += ["## Skipped (budget)", ""] + [f"- {s['part']} at batch {s['batch_size']}: {s['reason']}; "
+                                                 f"`{s['command']}`" for s in results["skipped"]] + [""]
     for set_name, entry in results.get("modeled", {}).items():
         lines += [f"## Modeled at the reference pair's acceptance: {set_name}", "", entry["source"] + ".", ""]
         modes = [m for m in ("eager", "compiled") if m in entry]
@@ -426,8 +738,10 @@ def main(argv: list[str] | None = None) -> dict:
     if unknown:
         raise SystemExit(f"--rules: unknown {unknown}; allowed {hf_semspec.available_rules()}")
     parts = [p for p in args.parts.split(",") if p]
-    if not parts or set(parts) - {"eager", "batched", "compiled"}:
-        raise SystemExit(f"--parts: {args.parts!r}; allowed a comma-separated subset of eager,batched,compiled")
+    if not parts or set(parts) - set(PARTS):
+        raise SystemExit(f"--parts: {args.parts!r}; allowed a comma-separated subset of {','.join(PARTS)}")
+    if args.load_compile_cache is not None:  # torch's compile caches saved by an earlier run (`--save-compile-cache`)
+        torch.compiler.load_cache_artifacts(args.load_compile_cache.read_bytes())
     acceptance_sets = json.loads(args.acceptance.read_text(encoding="utf-8"))["sets"]
     machine = report.machine_info()
     if torch.device(args.device).type == "cuda":
@@ -435,6 +749,28 @@ def main(argv: list[str] | None = None) -> dict:
     results = {"setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "machine": machine, "step_seconds": {}}
     started = time.perf_counter()
+    graphs_at_start = compiled_graphs()
+    budget = Budget(args.budget_s, args.graph_seconds, started)
+    results["graph_plan"] = plan = graph_plan(args, rules, parts)
+    results["skipped"] = []
+
+    def skip_unless_fits(part: str, batch_size: int, graphs: int, runs: int, scale: float = 1.0) -> bool:
+        """Whether `graphs` compilations and `runs` runs fit what is left of `--budget-s`; if not, the group is
+        recorded in `skipped` with the command that runs it alone."""
+        needed, left = budget.estimate(graphs, runs, scale), budget.left()
+        if needed <= left:
+            return True
+        command = (f"python benchmarks/gpu.py --target {args.target} --draft {args.draft} --parts {part}"
+                   + (f" --compiled-batch-sizes {batch_size}" if part == "compiled" else ""))
+        results["skipped"].append({
+            "part": part, "batch_size": batch_size, "estimated_s": needed, "left_s": left,
+            "reason": f"needs about {needed:.0f} s ({graphs} graphs at {budget.graph_seconds:.0f} s, {runs} runs) "
+                      f"with {left:.0f} s left of --budget-s {args.budget_s:.0f}",
+            "command": command})
+        print(f"skipped {part} at batch {batch_size}: {results['skipped'][-1]['reason']}; run: {command}",
+              file=sys.stderr)
+        return False
+
     target = random_model(args.target, dtype, args.device, args.seed)
     independent = random_model(args.draft, dtype, args.device, args.seed + 1)
     records = results["live"] = []
@@ -442,7 +778,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def add(record: dict) -> dict:
         """A live record, its text compared with plain decoding's of the same mode, then dropped."""
-        key = (record["compiled"], record["new_tokens"])
+        key = (record["compiled"], record["new_tokens"], record["alpha"] == "1")
         if record["method"] == "plain":
             plain_text[key] = record
         elif key in plain_text:
@@ -469,11 +805,11 @@ def main(argv: list[str] | None = None) -> dict:
     # 1. Live, batch 1, eager.
     if "eager" in parts:
         add(live(target, None, args, timer, "plain"))
-        add({**live(target, target, args, timer, "stock"), "draft": "target's weights"})
+        add({**live(target, target, args, timer, "stock", alpha="self"), "draft": "target's weights"})
         for rule in spec_rules:
-            add({**live(target, target, args, timer, "semspec", rule), "draft": "target's weights"})
-        add({**live(target, independent, args, timer, "semspec", "exact", new_tokens=max(8, args.new_tokens // 4)),
-             "draft": "independent"})
+            add({**live(target, target, args, timer, "semspec", rule, alpha="self"), "draft": "target's weights"})
+        add({**live(target, independent, args, timer, "semspec", "exact", new_tokens=max(8, args.new_tokens // 4),
+                    alpha="independent"), "draft": "independent"})
         step_started = done("eager", step_started)
 
     # 2. Batched (eager, dynamic caches).
@@ -500,37 +836,126 @@ def main(argv: list[str] | None = None) -> dict:
             write(args, results)
         step_started = done("batched", step_started)
 
-    # 3. Live, batch 1, compiled: plain decoding, then every rule with the independent draft, each run's forwards
-    # timed (`exact`'s give the compiled costs: the draft's step and the verify forward at γ).
+    # 3. Compiled (static caches), at each of `--compiled-batch-sizes` that fits the budget: plain decoding, every
+    # rule with the independent draft (batches: `exact`), then plain and `exact` at α = 1 (both final norms zeroed in
+    # place: the same graphs). Each speculative run's forwards are timed (`host_overhead`); batch 1's `exact` run,
+    # the first speculative call of the process, gives the compiled costs and the warm-up's speculative side.
     if "compiled" in parts:
-        add(live(target, None, args, timer, "plain", compiled=True))
-        for rule in spec_rules:
-            times = ForwardTimes(args.device)
-            record = add({**live(target, independent, args, timer, "semspec", rule, compiled=True, times=times),
-                          "draft": "independent"})
-            record["draft_step_ms"] = times.median_ms(1, 1)
-            record["verify_ms"] = times.median_ms(args.gamma + 1, args.gamma + 1)
-            # `exact`'s run gives the compiled costs (`dropmatch`'s target forward stays eager: its hook)
-            if rule == "exact" and None not in (record["draft_step_ms"], record["verify_ms"]):
-                costs["draft_step_compiled"] = record["draft_step_ms"]
-                costs["verify_compiled"] = {args.gamma: record["verify_ms"]}
+        warmup = results["warmup"] = {}
+        for batch_size in ints(args.compiled_batch_sizes):
+            tokens = args.new_tokens if batch_size == 1 else args.batch_new_tokens
+            batch_rules = ["exact"] + [r for r in spec_rules if r != "exact"] if batch_size == 1 else ["exact"]
+            graphs = [g for g in plan if g["batch_size"] == batch_size and "cached" not in g
+                      and g["what"] != "multi-level drafting's forward"]
+            if not skip_unless_fits("compiled", batch_size, len(graphs), len(batch_rules) + 3,
+                                    tokens * batch_size / args.new_tokens):
+                continue
+            verification = (costs["verification"] if batch_size == 1 else
+                            verification_costs(args, timer, batch_rules, args.gamma, target, batch_size))
+            results.setdefault("verification_by_batch", {})[batch_size] = verification
+            common = dict(compiled=True, batch_size=batch_size, new_tokens=tokens)
+            plain_record = add(live(target, None, args, timer, "plain", **common))
+            budget.learn(plain_record)
+
+            def speculative(rule: str, alpha: str) -> dict:
+                times = ForwardTimes(args.device)
+                record = add({**live(target, independent, args, timer, "semspec", rule, times=times, alpha=alpha,
+                                     **common), "draft": "independent"})
+                budget.learn(record)
+                record["draft_step_ms"] = times.median_ms(1, 1)
+                record["verify_ms"] = times.median_ms(args.gamma + 1, args.gamma + 1)
+                return host_overhead(record, times, verification[rule])
+
+            for rule in batch_rules:
+                record = speculative(rule, "independent")
+                # `exact`'s run gives the compiled costs (`dropmatch`'s target forward stays eager: its hook)
+                if batch_size == 1 and rule == "exact" and None not in (record["draft_step_ms"], record["verify_ms"]):
+                    costs["draft_step_compiled"] = record["draft_step_ms"]
+                    costs["verify_compiled"] = {args.gamma: record["verify_ms"]}
+                if batch_size == 1 and rule == "exact":
+                    warmup["plain"] = first_call(plain_record)
+                    warmup["speculative"] = first_call(record)
+                    warmup["ratio"] = record["first_call_s"] / plain_record["first_call_s"]
+                write(args, results)
+            with always_token_zero(target, independent):
+                add({**live(target, None, args, timer, "plain", alpha="1", **common)})
+                speculative("exact", "1")
             write(args, results)
         step_started = done("compiled", step_started)
 
-    # The host's share of each live speculative round: its time less the draft steps, verify and verification.
+    # 4. Multi-level drafting, modeled: the draft verifying k n-gram candidates in one forward of 1 + k tokens (its
+    # logits at all of them), timed compiled; a round drafts γ tokens in γ · `--mla-draft-forwards-per-token` such
+    # forwards; the rest of the round (verify forward, verification, host time) is batch 1's compiled `exact` run's.
+    if "mla" in parts:
+        if skip_unless_fits("mla", 1, 1, 0):
+            forward_ms, graphs = draft_forward_ms(independent, args, timer, 1 + args.mla_k)
+            per_token = args.mla_draft_forwards_per_token
+            entry = results["mla_modeled"] = {
+                "k": args.mla_k, "draft_forwards_per_token": per_token, "forward_tokens": 1 + args.mla_k,
+                "draft_forward_ms": forward_ms, "draft_ms_per_drafted_token": per_token * forward_ms,
+                "draft_step_ms": costs.get("draft_step_compiled"), "graphs_compiled": graphs, "sets": {},
+            }
+            exact_compiled = next((r for r in records if r.get("rule") == "exact" and r["compiled"]
+                                   and r["batch_size"] == 1 and r["alpha"] == "independent"), None)
+            plain_compiled = next((r for r in records if r["method"] == "plain" and r["compiled"]
+                                   and r["batch_size"] == 1 and r["alpha"] is None), None)
+            if exact_compiled is None or "verify_compiled" not in costs:
+                entry["missing"] = ("the compiled part's batch-1 `exact` run (its verify forward and host time): run "
+                                    "--parts compiled,mla")
+            else:
+                overhead = max(exact_compiled["overhead_ms"], 0.0)
+                for set_name, reference in acceptance_sets.items():
+                    acceptance = reference["per_position_acceptance"]
+                    gammas = list(range(1, len(acceptance) + 1))
+                    args_common = (costs["verify_compiled"], costs["verification"]["exact"], overhead, gammas)
+                    mla = modeled(acceptance, per_token * forward_ms, *args_common)
+                    standard = modeled(acceptance, costs["draft_step_compiled"], *args_common)
+                    best, best_standard = max(mla, key=mla.get), max(standard, key=standard.get)
+                    entry["sets"][set_name] = {
+                        "tokens_per_s": mla, "standard_tokens_per_s": standard,
+                        "best": {"gamma": best, "tokens_per_s": mla[best],
+                                 "of_plain_compiled": (mla[best] / plain_compiled["tokens_per_s"]
+                                                       if plain_compiled else None),
+                                 "of_standard_best": mla[best] / standard[best_standard]},
+                    }
+            write(args, results)
+        step_started = done("mla", step_started)
+
+    # 5. Warm-up from torch's compile caches: after `torch._dynamo.reset()` (this process compiled before) or in a
+    # fresh process (`--parts warmup` alone: what a second process pays, reading the caches the first one wrote), the
+    # first batch-1 plain and speculative calls, timed with what they compile.
+    if "warmup" in parts:
+        warmup = results.setdefault("warmup", {})
+        if skip_unless_fits("warmup", 1, 4, 2):  # priced as full compilations: what the caches save is unmeasured
+            fresh = compiled_graphs() == 0
+            if not fresh:
+                torch._dynamo.reset()
+            cache_dir = Path(inductor_cache_dir())
+            entry = warmup["from_caches"] = {
+                "process_fresh": fresh, "cache_dir": str(cache_dir),
+                "cache_files_before": sum(1 for f in cache_dir.rglob("*") if f.is_file()) if cache_dir.is_dir() else 0,
+            }
+            plain_again = live(target, None, args, timer, "plain", compiled=True)
+            spec_again = live(target, independent, args, timer, "semspec", "exact", compiled=True,
+                              alpha="independent")
+            entry.update(plain=first_call(plain_again), speculative=first_call(spec_again),
+                         ratio=spec_again["first_call_s"] / plain_again["first_call_s"])
+            write(args, results)
+        step_started = done("warmup", step_started)
+
+    # The host's share of each live eager speculative round at batch 1: its time less the draft steps, verify and
+    # verification (compiled runs have theirs from their own forwards: `host_overhead`).
     for r in records:
-        if "round_ms" not in r:
+        if r["method"] != "semspec" or r["compiled"] or r["batch_size"] != 1 or "verify_eager" not in costs:
             continue
-        mode = "compiled" if r["compiled"] else "eager"
-        if f"verify_{mode}" not in costs:
-            continue
-        step = costs[f"draft_step_{mode}"] if r["draft"] == "independent" else costs["target_step_eager"]
-        r["overhead_ms"] = r["round_ms"] - (args.gamma * step + interpolated(costs[f"verify_{mode}"], args.gamma)
+        step = costs["draft_step_eager"] if r["draft"] == "independent" else costs["target_step_eager"]
+        r["overhead_ms"] = r["round_ms"] - (args.gamma * step + interpolated(costs["verify_eager"], args.gamma)
                                             + costs["verification"][r["rule"]])
 
     # Modeled at the reference acceptance, for each mode whose plain run and costs were measured (host time: the
     # live `exact` run's per round: the target drafting for itself eager, the independent draft compiled).
-    plain = {r["compiled"]: r["tokens_per_s"] for r in records if r["method"] == "plain"}
+    plain = {r["compiled"]: r["tokens_per_s"] for r in records
+             if r["method"] == "plain" and r["batch_size"] == 1 and r["alpha"] is None}
     results["modeled"] = model = {}
     for set_name, reference in acceptance_sets.items():
         acceptance = reference["per_position_acceptance"]
@@ -539,8 +964,8 @@ def main(argv: list[str] | None = None) -> dict:
             if compiled not in plain or f"verify_{mode}" not in costs:
                 continue
             overhead = next((r["overhead_ms"] for r in records if r.get("rule") == "exact"
-                             and r["compiled"] == compiled and "overhead_ms" in r
-                             and r["draft"] == ("independent" if compiled else "target's weights")), 0.0)
+                             and r["compiled"] == compiled and "overhead_ms" in r and r["batch_size"] == 1
+                             and r["alpha"] == ("independent" if compiled else "self")), 0.0)
             per_gamma = modeled(acceptance, costs[f"draft_step_{mode}"], costs[f"verify_{mode}"],
                                 costs["verification"]["exact"], max(overhead, 0.0),
                                 list(range(1, len(acceptance) + 1)))
@@ -552,6 +977,12 @@ def main(argv: list[str] | None = None) -> dict:
         if "eager" in entry or "compiled" in entry:
             model[set_name] = entry
     results["seconds"] = time.perf_counter() - started
+    results["graphs_compiled"] = compiled_graphs() - graphs_at_start
+    check_live_records(records)
+    if args.save_compile_cache is not None:
+        saved = torch.compiler.save_cache_artifacts()
+        if saved is not None:
+            args.save_compile_cache.write_bytes(saved[0])
     write(args, results)
     print(render(results))
     return results

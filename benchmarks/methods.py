@@ -12,6 +12,12 @@
   `--policy-state category`, each policy that keeps state across calls (`keeps_state_across_calls`: tapout,
   cost_aware, adaedl, best_constant) keeps one instance per Spec-Bench category instead, and its method is named
   `semspec:<rule>/<policy>/per-category`: what a server that knew each request's kind could do (an oracle key).
+- `--drafting model,lookup,mla` with `--prompt-lookup K[:N]`: each `semspec:<rule>` method once per way of drafting
+  (`DRAFTINGS`): `semspec:<rule>` drafts with the draft model, `semspec:<rule>+lookup` by prompt lookup alone (k
+  tokens copied from the context after its last n-gram, no draft model: `generate(prompt_lookup_num_tokens=k,
+  max_matching_ngram_size=n)` without `assistant_model`), `semspec:<rule>+mla` with both, multi-level drafting (the
+  draft model verifies the n-gram candidates, so it drafts the same tokens in fewer forwards). A rule that cannot
+  verify prompt-lookup drafts (`rdk`: it needs its drafter's kernel) is skipped for `lookup` with the reason.
 
 Both baselines call the *class* method `type(target).generate`, which bypasses the instance override installed by
 `hf_semspec.attach()`.
@@ -31,7 +37,9 @@ import torch
 import hf_semspec
 from hf_semspec.draft_length import POLICIES, DraftLengthPolicy
 from hf_semspec.draft_length.base import default_length
+from hf_semspec.draft_length.base import MAX_DRAFT_TOKENS
 from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.ngram import DEFAULT_MAX_NGRAM_SIZE, PromptLookup
 from hf_semspec.rules import RULES, AcceptanceRule
 
 from .data import Prompt
@@ -44,6 +52,11 @@ SEMSPEC_PREFIX = "semspec:"
 # Which prompts share a draft-length policy instance (`policy_key`): all of the run's, or those of one category.
 POLICY_STATES = ("run", "category")
 PER_CATEGORY_SUFFIX = "/per-category"
+# How a `semspec:` method drafts (`--drafting`), and the suffix of its name: the draft model alone, prompt lookup alone
+# (no draft model), or both (multi-level drafting, MLA: the draft model verifies the n-gram candidates).
+MODEL, LOOKUP, MLA = "model", "lookup", "mla"
+DRAFTINGS = (MODEL, LOOKUP, MLA)
+DRAFTING_SUFFIX = {MODEL: "", LOOKUP: "+lookup", MLA: "+mla"}
 # Requirements the speculative loop itself satisfies for any draft model (it passes q and the target's hidden states).
 REQUIREMENTS_THE_LOOP_MEETS = {"requires_draft_probs", "requires_target_hidden_states"}
 
@@ -67,6 +80,8 @@ class Method:
     draft_length: str | None = None
     draft_length_kwargs: dict = field(default_factory=dict)
     uses_pruned_draft: bool = False  # the pair's pruned-vocabulary drafter instead of its draft (rdk)
+    drafting: str = MODEL  # `DRAFTINGS`: the draft model, prompt lookup alone, or both (MLA)
+    prompt_lookup: PromptLookup | None = None  # k and n, for `lookup` and `mla`
     # One draft-length policy instance for the whole run, so policies that learn (tapout's bandit, adaedl's λ,
     # heuristic's length) keep learning across prompts, as they would serving a stream of requests.
     policy: DraftLengthPolicy | None = field(default=None, repr=False, compare=False)
@@ -103,7 +118,16 @@ class Method:
                 # make an old results file mean something else.
                 "draft_length_config": self.policy.config.all_options() if self.policy is not None else None,
                 "policy_state": self.policy_state,
-                "draft": "pruned_draft" if self.uses_pruned_draft else "draft"}
+                "draft": "none" if not self.uses_draft_model else "pruned_draft" if self.uses_pruned_draft else "draft",
+                "drafting": self.drafting if self.kind == "semspec" else None,
+                "prompt_lookup": None if self.prompt_lookup is None else {
+                    "prompt_lookup_num_tokens": self.prompt_lookup.num_tokens,
+                    "max_matching_ngram_size": self.prompt_lookup.max_ngram_size}}
+
+    @property
+    def uses_draft_model(self) -> bool:
+        """Whether a draft model drafts (all but prompt lookup alone)."""
+        return self.drafting != LOOKUP
 
 
 @dataclass(frozen=True)
@@ -160,6 +184,66 @@ def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
     return specs
 
 
+_PROMPT_LOOKUP_FORM = (f"K[:N]: K in [1, {MAX_DRAFT_TOKENS}], the most tokens copied from the context per round "
+                       f"(prompt_lookup_num_tokens), and N >= 1, the longest n-gram of the context's end searched for "
+                       f"(max_matching_ngram_size, default {DEFAULT_MAX_NGRAM_SIZE} as in transformers)")
+
+
+def parse_prompt_lookup(text: str | None) -> PromptLookup | None:
+    """`--prompt-lookup`: `"6"` → k = 6 and transformers' n = 2; `"6:4"` → k = 6, n = 4; None stays None. A value out
+    of range raises `ValueError` naming the flag, the value, what is allowed and the fix."""
+    if text is None:
+        return None
+    k, colon, n = text.strip().partition(":")
+    numbers = [k] + ([n] if colon else [])
+    if not all(x.strip().isascii() and x.strip().isdigit() for x in numbers):
+        raise ValueError(f"--prompt-lookup: got {text!r}; expected {_PROMPT_LOOKUP_FORM}. Fix: pass e.g. "
+                         "--prompt-lookup 6:4")
+    lookup = PromptLookup(int(k), int(n) if colon else DEFAULT_MAX_NGRAM_SIZE)
+    if not 1 <= lookup.num_tokens <= MAX_DRAFT_TOKENS or lookup.max_ngram_size < 1:
+        raise ValueError(f"--prompt-lookup: got {text!r}; expected {_PROMPT_LOOKUP_FORM}. Fix: pass e.g. "
+                         "--prompt-lookup 6:4")
+    return lookup
+
+
+def prompt_lookup_label(lookup: PromptLookup) -> str:
+    """`k:n`, as `--prompt-lookup` takes it."""
+    return f"{lookup.num_tokens}:{lookup.max_ngram_size}"
+
+
+def parse_draftings(text: str | None) -> tuple[str, ...]:
+    """`--drafting`: `"model,lookup,mla"` → the ways each `semspec:` method drafts, in `DRAFTINGS` order, each once;
+    None → `("model",)`. An unknown or repeated entry raises `ValueError` naming the flag and the fix."""
+    if text is None:
+        return (MODEL,)
+    entries = [part.strip() for part in text.split(",") if part.strip()]
+    unknown = [e for e in entries if e not in DRAFTINGS]
+    if unknown or not entries or len(set(entries)) != len(entries):
+        raise ValueError(f"--drafting: got {text!r}; expected a comma-separated subset of {list(DRAFTINGS)}, each "
+                         "once (model: the draft model; lookup: prompt lookup alone, no draft model; mla: both, the "
+                         "draft model verifying the n-gram candidates). Fix: pass e.g. --drafting model,lookup,mla")
+    return tuple(d for d in DRAFTINGS if d in entries)
+
+
+def check_drafting_options(draftings: tuple[str, ...], prompt_lookup: PromptLookup | None,
+                           draft_lengths: list[DraftLengthSpec] | None) -> None:
+    """`--drafting` and `--prompt-lookup` go together: lookup and MLA need k (and n), and k without them drafts
+    nothing by lookup. Raises `ValueError` naming the flags and the fix (before any model loads)."""
+    needs_lookup = [d for d in draftings if d != MODEL]
+    if needs_lookup and prompt_lookup is None:
+        raise ValueError(f"--drafting {','.join(draftings)} without --prompt-lookup: {' and '.join(needs_lookup)} "
+                         "draft by prompt lookup and need its k tokens per round. Fix: add --prompt-lookup K[:N], "
+                         "e.g. --prompt-lookup 6:4")
+    if prompt_lookup is not None and not needs_lookup:
+        raise ValueError(f"--prompt-lookup {prompt_lookup_label(prompt_lookup)} with --drafting "
+                         f"{','.join(draftings)}: no method would draft by prompt lookup (it would be recorded but "
+                         "not applied). Fix: add --drafting model,lookup,mla (or lookup, mla), or drop --prompt-lookup")
+    if needs_lookup and draft_lengths is not None:
+        raise ValueError(f"--draft-lengths with --drafting {','.join(draftings)}: the draft-length tables compare "
+                         "each rule's policies with one way of drafting, and would mix prompt lookup's rounds with the "
+                         "draft model's. Fix: run the draft-length sweep and the drafting comparison as two runs")
+
+
 def split_entries(text: str) -> list[str]:
     """A comma-separated list whose entries may hold `(...)` options with commas of their own (JSON lists)."""
     return [part.strip() for part in re.split(r",(?![^()]*\))", text) if part.strip()]
@@ -188,27 +272,31 @@ def has_lossless_rule(described: dict) -> bool:
     return described["rule"] in RULES and RULES.get(described["rule"]).lossless
 
 
-def rule_skip_reason(rule: AcceptanceRule, draft: torch.nn.Module, do_sample: bool) -> str | None:
+def rule_skip_reason(rule: AcceptanceRule, draft: torch.nn.Module | None, do_sample: bool) -> str | None:
     """Why a registered rule cannot run with this draft and decoding mode, from what the rule declares; None if it can.
+    `draft=None`: drafts by prompt lookup alone (no draft model).
 
     - `supports_greedy` / `supports_sampling` false for the requested mode;
     - the rule's `check_assistant_model(draft)` (if the rule has one) raising `SemSpecConfigError`, e.g. `rdk`, which
-      needs a pruned-vocabulary drafter with a kernel;
+      needs a pruned-vocabulary drafter with a kernel (and so cannot verify prompt-lookup drafts);
     - a truthy `requires_*` class attribute that the loop does not satisfy by itself for a plain draft model.
     Anything else (a bad option, a crash while decoding) is an error and fails the run.
     """
     mode = "do_sample=True" if do_sample else "do_sample=False"
     if not (rule.supports_sampling if do_sample else rule.supports_greedy):
         return f"the rule does not define {mode}"
+    drafter = ("prompt-lookup drafts (no draft model)" if draft is None
+               else f"a plain draft model ({type(draft).__name__})")
     check = getattr(rule, "check_assistant_model", None)
     if callable(check):
         try:
             check(draft)
         except SemSpecConfigError as error:
-            return f"it cannot run with this draft model: {error}"
+            what = "by prompt lookup alone" if draft is None else "with this draft model"
+            return f"it cannot run {what}: {error}"
     for attribute in sorted(a for a in dir(type(rule)) if a.startswith("requires_")):
         if attribute not in REQUIREMENTS_THE_LOOP_MEETS and getattr(type(rule), attribute) is True:
-            return f"the rule declares {attribute} = True, which a plain draft model ({type(draft).__name__}) does not meet"
+            return f"the rule declares {attribute} = True, which {drafter} does not meet"
     return None
 
 
@@ -250,6 +338,8 @@ def build_methods(
     include_stock: bool = True,
     policy_state: str = "run",
     include_plain: bool = True,
+    draftings: tuple[str, ...] = (MODEL,),
+    prompt_lookup: PromptLookup | None = None,
 ) -> tuple[list[Method], dict[str, str]]:
     """The methods to run, in a fixed order, and `{rule: reason}` for the registered rules that are skipped.
 
@@ -261,6 +351,9 @@ def build_methods(
     ends in `/per-category`); the others, which learn nothing worth keeping, run and are named as with "run".
     A `rules` entry may carry options, `dropmatch(criterion=js)` (`parse_rule_entry`): a variant of the rule with its
     own method. `include_plain=False` leaves out `plain` (e.g. greedy runs whose `exact` already gives plain's text).
+    `draftings` (`--drafting`): each rule's methods once per way of drafting, the draft model's first, then prompt
+    lookup alone (`+lookup`, with `prompt_lookup`'s k and n, no draft model), then both (`+mla`); a rule that cannot
+    verify prompt-lookup drafts is skipped for `lookup`, keyed `<entry>+lookup` in the skipped rules.
     """
     if policy_state not in POLICY_STATES:
         raise ValueError(f"--policy-state: got {policy_state!r}; expected one of {list(POLICY_STATES)}. Fix: pass "
@@ -271,31 +364,41 @@ def build_methods(
     methods = [Method(PLAIN, "plain")] if include_plain else []
     if include_stock:
         methods.append(Method(STOCK, "stock", gamma=exact_gamma if num_assistant_tokens is None else num_assistant_tokens))
+    check_drafting_options(tuple(draftings), prompt_lookup, draft_lengths)
     skipped = {}
     for entry in entries:
         name, options = parse_rule_entry(entry)
         rule_cls = RULES.get(name)
         kwargs = {**acceptance_kwargs.get(name, {}), **options}
         rule = RULES.build(name, kwargs)  # a bad option is the user's error: it raises now, before any model runs
-        reason = rule_skip_reason(rule, draft, do_sample)
-        uses_pruned = reason is not None and pruned_draft is not None and rule_skip_reason(rule, pruned_draft, do_sample) is None
-        if reason is not None and not uses_pruned:
-            skipped[entry] = reason
-            continue
-        if draft_lengths is None:
-            gamma = rule_cls.default_num_draft_tokens if num_assistant_tokens is None else num_assistant_tokens
-            methods.append(Method(SEMSPEC_PREFIX + entry, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
-                                  uses_pruned_draft=uses_pruned))
-            continue
-        for spec in draft_lengths:
-            tokens = entry_tokens(spec, num_assistant_tokens)
-            policy = build_policy(spec.policy, tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
-            state = policy_state if type(policy).keeps_state_across_calls else "run"
-            suffix = PER_CATEGORY_SUFFIX if state == "category" else ""
-            methods.append(Method(f"{SEMSPEC_PREFIX}{entry}/{spec.label}{suffix}", "semspec", gamma=tokens,
-                                  rule=name, rule_kwargs=kwargs, draft_length=spec.policy,
-                                  draft_length_kwargs=dict(spec.options), uses_pruned_draft=uses_pruned,
-                                  policy=policy, policy_state=state))
+        for drafting in draftings:
+            label = entry + DRAFTING_SUFFIX[drafting]
+            lookup = prompt_lookup if drafting != MODEL else None
+            if drafting == LOOKUP:
+                reason, uses_pruned = rule_skip_reason(rule, None, do_sample), False
+            else:
+                reason = rule_skip_reason(rule, draft, do_sample)
+                uses_pruned = (reason is not None and pruned_draft is not None
+                               and rule_skip_reason(rule, pruned_draft, do_sample) is None)
+            if reason is not None and not uses_pruned:
+                skipped[label] = reason
+                continue
+            if draft_lengths is None:
+                # Prompt lookup alone: None lets generate() take k as the length, unless --num-assistant-tokens says.
+                default = None if drafting == LOOKUP else rule_cls.default_num_draft_tokens
+                gamma = default if num_assistant_tokens is None else num_assistant_tokens
+                methods.append(Method(SEMSPEC_PREFIX + label, "semspec", gamma=gamma, rule=name, rule_kwargs=kwargs,
+                                      uses_pruned_draft=uses_pruned, drafting=drafting, prompt_lookup=lookup))
+                continue
+            for spec in draft_lengths:
+                tokens = entry_tokens(spec, num_assistant_tokens)
+                policy = build_policy(spec.policy, tokens, rule_cls.default_num_draft_tokens, dict(spec.options))
+                state = policy_state if type(policy).keeps_state_across_calls else "run"
+                suffix = PER_CATEGORY_SUFFIX if state == "category" else ""
+                methods.append(Method(f"{SEMSPEC_PREFIX}{label}/{spec.label}{suffix}", "semspec", gamma=tokens,
+                                      rule=name, rule_kwargs=kwargs, draft_length=spec.policy,
+                                      draft_length_kwargs=dict(spec.options), uses_pruned_draft=uses_pruned,
+                                      policy=policy, policy_state=state, drafting=drafting, prompt_lookup=lookup))
     return methods, skipped
 
 
@@ -340,16 +443,27 @@ def generate(method: Method, pair: ModelPair, inputs: dict, max_new_tokens: int,
             return type(target).generate(target, **inputs, assistant_model=draft, **common)
         finally:
             draft.generation_config = saved
+    return target.generate(**inputs, **semspec_generate_kwargs(method, pair, category), **common)
+
+
+def semspec_generate_kwargs(method: Method, pair: ModelPair, category: str | None = None) -> dict:
+    """The hf_semspec arguments of a `semspec:` method's `generate()` call on a prompt of `category`: its drafter
+    (`assistant_model`: the draft, the pruned drafter, or none for prompt lookup alone), its rule and options, its
+    length or policy, and with prompt lookup (`+lookup`, `+mla`) `prompt_lookup_num_tokens` and
+    `max_matching_ngram_size`."""
     policy = method.policy_for(category)
-    return target.generate(
-        **inputs,
-        assistant_model=pair.pruned_draft if method.uses_pruned_draft else draft,
+    kwargs = dict(
         acceptance=method.rule,
         acceptance_kwargs=method.rule_kwargs,
         num_assistant_tokens=None if policy is not None else method.gamma,
         draft_length=policy if policy is not None else method.draft_length,
-        **common,
     )
+    if method.uses_draft_model:
+        kwargs["assistant_model"] = pair.pruned_draft if method.uses_pruned_draft else pair.draft
+    if method.prompt_lookup is not None:
+        kwargs["prompt_lookup_num_tokens"] = method.prompt_lookup.num_tokens
+        kwargs["max_matching_ngram_size"] = method.prompt_lookup.max_ngram_size
+    return kwargs
 
 
 @dataclass
@@ -391,6 +505,7 @@ def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, met
         "prompt_id": prompt.prompt_id,
         "category": prompt.category,
         "method": method.name,
+        "drafting": method.drafting if method.kind == "semspec" else None,
         "gamma": method.gamma,
         "seed": seed,
         "prompt_tokens": prompt_length,
@@ -404,6 +519,13 @@ def timed_run(method: Method, pair: ModelPair, prompt: Prompt, inputs: dict, met
         "draft_forwards": meters.draft_of(method).calls,
         "target_forward_s": meters.target.seconds,
         "draft_forward_s": meters.draft_of(method).seconds,
-        "acceptance_stats": stats.to_dict() if stats is not None else None,
+        "acceptance_stats": acceptance_record(stats),
         "text": pair.decode(ids),
     }
+
+
+def acceptance_record(stats) -> dict | None:
+    """A call's `AcceptanceStats` as a record keeps them (`to_dict()`: the drafting counts `num_draft_forwards`,
+    `num_ngram_hits`, `num_ngram_drafts` and `draft_forwards_per_drafted_token` included). None for plain and stock,
+    which report none."""
+    return None if stats is None else stats.to_dict()

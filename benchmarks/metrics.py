@@ -29,7 +29,7 @@ from hf_semspec.stats import AcceptanceStats
 # The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
 PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
 # Fields of `AcceptanceStats` that files written before them lack (they then take their defaults).
-OPTIONAL_FIELDS = PER_ROUND_FIELDS + ("num_row_forwards", "num_draft_forwards", "num_ngram_hits")
+OPTIONAL_FIELDS = PER_ROUND_FIELDS + ("num_row_forwards", "num_draft_forwards", "num_ngram_hits", "num_ngram_drafts")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards
@@ -267,6 +267,7 @@ def summarize_records(records: list[dict]) -> dict:
         "tau": new_tokens / forwards if forwards else 0.0,
         "tau_per_prompt_median": statistics.median([r["tau"] for r in records]) if records else None,
         "acceptance": pooled_acceptance(merged) if merged is not None else None,
+        "drafting": drafting_summary(records),
         "identical_to_plain": sum(identical) / len(identical) if identical else None,
         "gsm8k_accuracy": sum(graded) / len(graded) if graded else None,
         "gsm8k_graded": len(graded),
@@ -275,6 +276,52 @@ def summarize_records(records: list[dict]) -> dict:
             "draft_forward": sum(r["draft_forward_s"] for r in records),
         },
     }
+
+
+def drafting_summary(records: list[dict]) -> dict | None:
+    """How a method's drafts were made, over `records` (None without hf_semspec's statistics: plain, stock). Summed
+    from each record's statistics, a missing count read as 0 (files written before it, or statistics without it):
+
+    - `draft_forwards_per_drafted_token`: the draft model's forwards per draft token proposed (its statistics'
+      `num_draft_forwards` / `num_drafted`): 1 drafting token by token, 0 by prompt lookup alone, below 1 where
+      multi-level drafting confirms n-gram candidates in fewer forwards;
+    - `ngram_hit_rate`: the rounds whose prompt lookup found drafts (`num_ngram_hits`) per round of a row
+      (`num_row_forwards`);
+    - `ngram_draft_share`: the drafts the draft model confirmed from an n-gram candidate (`num_ngram_drafts`) per draft;
+    - `draft_model_forwards`: the draft model's forwards counted by the hook on it (its prefills too), the same
+      counter for every method.
+    """
+    stats = [r["acceptance_stats"] for r in records if r.get("acceptance_stats")]
+    if not stats:
+        return None
+
+    def total(name: str) -> int:
+        return sum(s.get(name) or 0 for s in stats)
+
+    drafted, rounds = total("num_drafted"), sum(s.get("num_row_forwards") or s["num_target_forwards"] for s in stats)
+    forwards, hits, confirmed = total("num_draft_forwards"), total("num_ngram_hits"), total("num_ngram_drafts")
+    return {
+        "num_drafted": drafted,
+        "num_row_forwards": rounds,
+        "num_draft_forwards": forwards,
+        "num_ngram_hits": hits,
+        "num_ngram_drafts": confirmed,
+        "draft_forwards_per_drafted_token": forwards / drafted if drafted else None,
+        "ngram_hit_rate": hits / rounds if rounds else None,
+        "ngram_draft_share": confirmed / drafted if drafted else None,
+        "draft_model_forwards": sum(r.get("draft_forwards") or 0 for r in records if r.get("acceptance_stats")),
+    }
+
+
+def speedup_over(records: list[dict], method: str, baseline: str) -> dict | None:
+    """`ratio_summary` of `method`'s tokens/s over `baseline`'s on each prompt both ran (None where none): e.g. a
+    drafting's speed-up over `semspec:exact` in the run that timed both."""
+    by_prompt: dict[str, dict[str, dict]] = {}
+    for r in records:
+        by_prompt.setdefault(r["prompt_id"], {})[r["method"]] = r
+    ratios = [p[method]["tokens_per_s"] / p[baseline]["tokens_per_s"] for p in by_prompt.values()
+              if method in p and baseline in p and p[baseline]["tokens_per_s"] > 0 and p[method]["tokens_per_s"] > 0]
+    return ratio_summary(ratios)
 
 
 def aggregate(records: list[dict], method_names: list[str]) -> dict:
@@ -306,7 +353,9 @@ def token_budgets(results: dict) -> dict[str, list[int]]:
 
 # A method's options that must agree for its records in two results files to count as one method's (merge, pool,
 # resolution): what ran, at which length, with which rule and policy options, with which draft.
-SAME_METHOD_OPTIONS = ("kind", "gamma", "rule", "rule_kwargs", "draft_length", "draft_length_config", "draft")
+# (`prompt_lookup`: None for methods with a draft model alone, as in files written before it.)
+SAME_METHOD_OPTIONS = ("kind", "gamma", "rule", "rule_kwargs", "draft_length", "draft_length_config", "draft",
+                       "prompt_lookup")
 
 
 def run_options(results: dict) -> dict:
@@ -335,7 +384,8 @@ def differing_setups(first: dict, other: dict) -> dict[str, tuple]:
 
 
 def fit_round_costs(records: list[dict]) -> dict | None:
-    """Least-squares fit, over the run's hf_semspec generations, of
+    """Least-squares fit, over the run's hf_semspec generations that draft with the draft model alone (not by prompt
+    lookup: `drafting` "lookup" or "mla", whose drafts cost no draft forward each), of
 
         wall_s = c_p + a · F + b · D
 
@@ -353,7 +403,9 @@ def fit_round_costs(records: list[dict]) -> dict | None:
     prompts and of each other, or there are no more generations than unknowns) or not physical (a cost ≤ 0, which a
     few noisy generations can give: then modeled speeds would be negative).
     """
-    used = [r for r in records if r.get("acceptance_stats") and r["wall_s"] > 0]
+    # Drafts by prompt lookup (alone or checked by the draft model, MLA) cost no draft forward each: not this line.
+    used = [r for r in records if r.get("acceptance_stats") and r["wall_s"] > 0
+            and r.get("drafting", "model") in (None, "model")]
     prompts = list(dict.fromkeys(r["prompt_id"] for r in used))
     if len(used) <= len(prompts) + 2:
         return None

@@ -96,7 +96,9 @@ def render_markdown(results: dict) -> str:
     position, and the time breakdown."""
     config, machine, agg = results["config"], results["machine"], results["aggregates"]
     methods = [m["name"] for m in results["methods"]]
-    gamma = {m["name"]: m["gamma"] for m in results["methods"]}
+    # γ as given; prompt lookup alone, given none, drafts up to its k a round
+    gamma = {m["name"]: m["gamma"] if m["gamma"] is not None or m.get("drafting") != methods_lib.LOOKUP
+             else m["prompt_lookup"]["prompt_lookup_num_tokens"] for m in results["methods"]}
     mode = f"sampling, seed {config['seed']}" if config["sample"] else "greedy"
     lines = [
         f"# hf_semspec benchmark: `{config['profile']}` profile, `{config['pair']}` pair",
@@ -162,6 +164,15 @@ def render_markdown(results: dict) -> str:
         "## Overall",
         "",
     ]
+    lookup = _lookup_methods(results)
+    if lookup:
+        lines[-3:-3] = [
+            "",
+            "Draft fwd/drafted = the draft model's forwards per draft token (hf_semspec's statistics: 1 drafting token "
+            "by token, 0 by prompt lookup alone, below 1 where multi-level drafting (`+mla`) confirms n-gram "
+            "candidates in fewer forwards). N-gram hits = rounds whose prompt lookup found drafts, per round "
+            "(`+lookup`, `+mla` only).",
+        ]
     rows = []
     for m in methods:
         s = agg["overall"][m]
@@ -171,12 +182,13 @@ def render_markdown(results: dict) -> str:
             f"`{m}`", _drafted_per_round(gamma[m], s["acceptance"]), str(s["prompts"]), str(s["new_tokens"]), _fmt(s["tokens_per_s"]),
             _speedup(s["speedup_vs_plain"]), _speedup(s["speedup_vs_stock"]), _fmt(s["tau"]),
             _fmt(acceptance), _fmt(s["identical_to_plain"]), gsm8k,
-        ])
+        ] + (_drafting_cells(s.get("drafting"), m in lookup) if lookup else []))
     lines += markdown.table(
         ["method", "γ (drafted/round)", "prompts", "new tokens", "tok/s", "speed-up vs plain", "speed-up vs stock", "τ",
-         "acceptance", "identical", "GSM8K acc. (n)"],
+         "acceptance", "identical", "GSM8K acc. (n)"] + (["draft fwd/drafted", "n-gram hits"] if lookup else []),
         rows,
     )
+    lines += drafting_section(results)
     lines += _lossless_differences(results)
     lines += _over_anchor_tables(results)
     lines += ["", "## Per category: τ / median speed-up vs plain", ""]
@@ -218,6 +230,74 @@ def render_markdown(results: dict) -> str:
         lines += markdown.table(["method", "wall s", "draft", "target forward", "verify", "logits processors", "rest",
                          "source"], rows)
     return "\n".join(lines) + "\n"
+
+
+def _lookup_methods(results: dict) -> list[str]:
+    """The methods that draft by prompt lookup (`--drafting lookup` or `mla`), in the run's order."""
+    return [m["name"] for m in results["methods"] if m.get("drafting") in (methods_lib.LOOKUP, methods_lib.MLA)]
+
+
+def _drafting_cells(drafting: dict | None, uses_lookup: bool) -> list[str]:
+    """The overall table's "draft fwd/drafted" and "n-gram hits" cells of a method: the ratio for every method with
+    hf_semspec's statistics, the hit rate (hits / rounds) for those that draft by prompt lookup; "-" otherwise."""
+    if drafting is None:
+        return ["-", "-"]
+    forwards = _fmt(drafting["draft_forwards_per_drafted_token"], ".2f", "-")
+    if not uses_lookup:
+        return [forwards, "-"]
+    rate = _fmt(drafting["ngram_hit_rate"], ".2f", "-")
+    hits = f"{rate} ({drafting['num_ngram_hits']}/{drafting['num_row_forwards']})"
+    return [forwards, hits]
+
+
+def drafting_section(results: dict) -> list[str]:
+    """With `--drafting lookup` or `mla`: per method that drafts by prompt lookup, its drafting counts and its speed
+    against the same rule drafted by the draft model alone and against `semspec:exact`, per prompt in this run
+    (geometric mean of the tokens/s ratios, 95% interval). Empty without such methods."""
+    lookup = _lookup_methods(results)
+    if not lookup:
+        return []
+    described = {m["name"]: m for m in results["methods"]}
+    overall, records = results["aggregates"]["overall"], results.get("records") or []
+    names = set(described)
+
+    def model_method(name: str) -> str | None:
+        """The same rule's (and policy's) method drafted by the draft model alone: the name without the suffix."""
+        drafting = described[name]["drafting"]
+        base = name.replace(methods_lib.DRAFTING_SUFFIX[drafting], "", 1)
+        return base if base in names and described[base].get("drafting") == methods_lib.MODEL else None
+
+    def versus(name: str, baseline: str | None) -> str:
+        if baseline is None or baseline == name:
+            return "-"
+        summary = metrics.speedup_over(records, name, baseline)
+        if summary is None:
+            return "N/A"
+        interval = summary.get("ci95")
+        return f"{summary['geomean']:.2f}×" + (f" [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else "")
+
+    exact = methods_lib.SEMSPEC_PREFIX + "exact"
+    lookup_setting = next(described[n]["prompt_lookup"] for n in lookup)
+    lines = ["", "## Drafting by prompt lookup", "",
+             f"Prompt lookup: k = {lookup_setting['prompt_lookup_num_tokens']} tokens per round, n-grams up to "
+             f"{lookup_setting['max_matching_ngram_size']} tokens. `+lookup`: drafts copied from the context, no "
+             "draft model; `+mla`: multi-level drafting, the draft model verifying the n-gram candidates. Speed-ups: "
+             "geometric mean over prompts of the per-prompt tokens/s ratio, in this run (methods interleaved per "
+             "prompt), with its 95% interval. N-gram drafts = drafts the draft model confirmed from an n-gram "
+             "candidate, per draft. Draft-model forwards: counted by the hook on the draft (its prefills included).",
+             ""]
+    rows = []
+    for name in lookup:
+        d = overall[name].get("drafting") or {}
+        rows.append([f"`{name}`", described[name]["drafting"], _fmt(d.get("draft_forwards_per_drafted_token")),
+                     f"{_fmt(d.get('ngram_hit_rate'))} ({d.get('num_ngram_hits', 0)}/{d.get('num_row_forwards', 0)})",
+                     _fmt(d.get("ngram_draft_share")), str(d.get("draft_model_forwards", 0)),
+                     _fmt(overall[name]["tau"]), versus(name, model_method(name)),
+                     versus(name, exact if exact in names else None), _fmt(overall[name]["identical_to_plain"])])
+    lines += markdown.table(["method", "drafting", "draft fwd/drafted", "n-gram hits (per round)", "n-gram drafts",
+                             "draft-model forwards", "τ", "speed-up vs the rule's draft model",
+                             "speed-up vs `semspec:exact`", "identical"], rows)
+    return lines
 
 
 def _lossless_differences(results: dict) -> list[str]:

@@ -8,7 +8,9 @@
 
 Methods (all in one run, on the same prompts, interleaved per prompt in a rotating order): `plain` (the target
 alone), `stock_assisted` (transformers' assisted generation with the same draft) and `semspec:<rule>` for every
-acceptance rule registered when the run starts (rules that cannot run with this draft are skipped with the reason).
+acceptance rule registered when the run starts (rules that cannot run with this draft are skipped with the reason);
+with `--drafting model,lookup,mla --prompt-lookup K[:N]`, each rule's method also drafts by prompt lookup alone
+(`semspec:<rule>+lookup`, no draft model) and with the draft model verifying the n-gram candidates (`+mla`).
 Writes <output-dir>/<name>.json (everything), .md (tables) and .png (plot, if matplotlib is installed). While it
 runs, every finished prompt is saved to <name>.json.partial: a run stopped before its end continues with the same
 command line plus --resume.
@@ -118,6 +120,21 @@ def _probability(text: str) -> float:
     return value
 
 
+def _parsed(parse: Callable):
+    """An argparse type from a parser of the harness that raises `ValueError` with the flag, the value and the fix:
+    argparse prints that message (it replaces a plain ValueError's with "invalid value")."""
+    def wrapped(text: str):
+        try:
+            return parse(text)
+        except ValueError as error:
+            # argparse names the flag itself ("argument --prompt-lookup: ..."): not twice
+            message = str(error)
+            message = message.split(": ", 1)[1] if message.startswith("--") else message
+            raise argparse.ArgumentTypeError(message) from None
+    wrapped.__name__ = parse.__name__
+    return wrapped
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python benchmarks/run.py", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -145,6 +162,18 @@ def build_parser() -> argparse.ArgumentParser:
                         "adaedl, best_constant): 'run' (default) all, as generate() keeps one per models and options; "
                         "'category' those of one Spec-Bench category (the method's name ends in /per-category), as a "
                         "server that knew each request's kind could keep one per kind")
+    p.add_argument("--prompt-lookup", type=_parsed(methods_lib.parse_prompt_lookup), default=None, metavar="K[:N]",
+                   help="prompt-lookup drafting for the --drafting lookup and mla methods: up to K tokens copied per "
+                        "round from the context after its last n-gram, N the longest n-gram searched for (default 2, "
+                        "as transformers), e.g. 6:4 (generate(prompt_lookup_num_tokens=K, max_matching_ngram_size=N))")
+    # Default None (model): a run saved before the flag existed resumes (`Checkpoint` compares the options).
+    p.add_argument("--drafting", type=_parsed(methods_lib.parse_draftings), default=None,
+                   metavar="model,lookup,mla",
+                   help="how each semspec:<rule> method drafts, comma-separated, one method each: model (the draft "
+                        "model, semspec:<rule>; default), lookup (prompt lookup alone, no draft model: "
+                        "semspec:<rule>+lookup; rdk is skipped, with the reason), mla (both, multi-level drafting: the "
+                        "draft model verifies the n-gram candidates: semspec:<rule>+mla); lookup and mla need "
+                        "--prompt-lookup")
     p.add_argument("--pruned-drafter", type=Path, default=None,
                    help="folder of a saved PrunedVocabDrafter of the draft model (e.g. one cached by "
                         "benchmarks/pruned_drafters.py), used by the rules that need one (rdk); without it they are "
@@ -465,6 +494,8 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     draft_lengths = methods_lib.parse_draft_lengths(args.draft_lengths)
     rules = methods_lib.split_entries(args.rules) if args.rules else None
     methods_lib.check_method_options(rules, args.acceptance_kwargs, draft_lengths, args.num_assistant_tokens)
+    draftings = args.drafting or (methods_lib.MODEL,)
+    methods_lib.check_drafting_options(draftings, args.prompt_lookup, draft_lengths)
     per_length_costs = metrics.per_length_costs(args.verify_cost) if args.verify_cost is not None else None
     for option in ("temperature", "top_p"):
         if getattr(args, option) is not None and not args.sample:
@@ -506,9 +537,9 @@ def main(argv: list[str] | None = None, load_pair: Callable[..., models.ModelPai
     method_list, skipped = methods_lib.build_methods(
         rules, args.acceptance_kwargs, args.num_assistant_tokens, args.sample, pair.draft,
         draft_lengths, pair.pruned_draft, include_stock=not args.skip_stock, policy_state=args.policy_state,
-        include_plain=not args.skip_plain)
+        include_plain=not args.skip_plain, draftings=draftings, prompt_lookup=args.prompt_lookup)
     for rule, reason in skipped.items():
-        print(f"Skipping rule {rule!r}: {reason}", flush=True)
+        print(f"Skipping rule {rule!r}: {reason}", flush=True)  # `rdk+lookup`: that rule's prompt-lookup method
     print("Methods: " + ", ".join(f"{m.name}" + (f" (γ={m.gamma})" if m.gamma else "") for m in method_list),
           flush=True)
 

@@ -236,6 +236,11 @@ class ConfigurationResult:
         speedup, speedup_ci95 (`float`, `[low, high]`): the geometric mean over prompts of tokens/s over `exact`'s on
             the same prompt, and its 95% interval (None with one prompt).
         tau, acceptance_rate (`float`): new tokens per target forward; accepted / drafted draft tokens (pooled).
+        draft_forwards_per_drafted_token (`float`): the draft model's forwards per draft token (pooled): 1 drafting
+            token by token, 0 by prompt lookup alone (`draft=None`), below 1 where multi-level drafting (a draft and
+            `prompt_lookup_num_tokens`) confirms n-gram candidates in fewer forwards.
+        ngram_hit_rate (`float`): with `prompt_lookup_num_tokens`, the rounds whose prompt lookup found drafts per
+            round (pooled); None without prompt lookup.
         identical_share (`float`): the share of prompts whose new tokens are `exact`'s.
         mean_first_divergence (`float`): over the prompts that differ, the mean index of the first differing token.
         nll (`float`): the mean over prompts of the target's per-token negative log-likelihood of the output (nats).
@@ -258,6 +263,8 @@ class ConfigurationResult:
     speedup_ci95: list[float] | None
     tau: float
     acceptance_rate: float
+    draft_forwards_per_drafted_token: float
+    ngram_hit_rate: float | None
     identical_share: float
     mean_first_divergence: float | None
     nll: float | None
@@ -295,8 +302,10 @@ class ComparisonReport:
     def to_markdown(self) -> str:
         """A table with one row per configuration, every figure of the report, and a short legend."""
         scored = any(row.score_mean is not None for row in self.configurations)
+        lookup = any(row.ngram_hit_rate is not None for row in self.configurations)
         header = ["configuration", "lossless", "tokens/s", "speed-up [95% CI]", "τ", "acceptance", "identical",
                   "first divergence", "NLL increase [95% CI]"] + (["score", "wins / losses / ties"] if scored else [])
+        header += ["draft fwd/drafted", "n-gram hits"] if lookup else []
         lines = ["| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
         for row in self.configurations:
             cells = [f"`{row.name}`", "yes" if row.lossless else "no", _number(row.tokens_per_s, 1),
@@ -307,6 +316,8 @@ class ComparisonReport:
             if scored:
                 cells += [_number(row.score_mean, 3),
                           f"{row.score_wins} / {row.score_losses} / {row.score_ties}"]
+            if lookup:
+                cells += [_number(row.draft_forwards_per_drafted_token, 2), _number(row.ngram_hit_rate, 2)]
             lines.append("| " + " | ".join(cells) + " |")
         settings = ", ".join(f"{k}={v!r}" for k, v in self.generate_kwargs.items()) or "the models' defaults"
         legend = [
@@ -326,6 +337,10 @@ class ComparisonReport:
         if scored:
             legend.append("- score: mean of your scorer; wins / losses / ties: prompts where the output scored above,"
                           " below or equal to `exact`'s.")
+        if lookup:
+            legend.append("- draft fwd/drafted: the draft model's forwards per draft token (0 by prompt lookup alone,"
+                          " below 1 where multi-level drafting confirms n-gram candidates); n-gram hits: rounds whose"
+                          " prompt lookup found drafts, per round (all prompts pooled).")
         return "\n".join(lines + [""] + legend) + "\n"
 
 
@@ -458,7 +473,7 @@ def _json_ready(kwargs: dict) -> dict:
 
 def compare(
     target: torch.nn.Module,
-    draft: torch.nn.Module,
+    draft: torch.nn.Module | None,
     prompts: Iterable[Any],
     rules: Iterable[str | tuple[str, dict]] = DEFAULT_RULES,
     tokenizer: Any = None,
@@ -481,7 +496,10 @@ def compare(
 
     Args:
         target (`PreTrainedModel`): the target model; attached for the call if it is not already, detached after.
-        draft (`PreTrainedModel`): the draft model (`assistant_model`).
+        draft (`PreTrainedModel` or `None`): the draft model (`assistant_model`). With `prompt_lookup_num_tokens=k`
+            (and optionally `max_matching_ngram_size=n`) in `generate_kwargs`, every configuration drafts by prompt
+            lookup too: with a draft, multi-level drafting (the draft model verifies the n-gram candidates); with
+            `None`, prompt lookup alone (no draft model; not `rdk`, which needs a drafter's kernel).
         prompts (`Iterable`): each a text (needs `tokenizer`; encoded as is, so apply a chat template first), token
             ids (a list, or a tensor of shape `(length,)` or `(1, length)`), or a dict with `"input_ids"` or
             `"prompt"`, whose other keys the scorer may read (e.g. a reference answer).
@@ -498,7 +516,8 @@ def compare(
         warmup (`bool`, defaults to `True`): the untimed warm-up calls.
         progress (`bool`, defaults to `True`): a progress bar (tqdm) on stderr.
         generate_kwargs: passed to every `generate()` call: `max_new_tokens`, `do_sample`, `temperature`, `top_p`,
-            `num_assistant_tokens`, `draft_length`, ... (not those compare() sets: `assistant_model`, `acceptance`,
+            `num_assistant_tokens`, `draft_length`, `prompt_lookup_num_tokens`, `max_matching_ngram_size`, ... (not
+            those compare() sets: `assistant_model`, `acceptance`,
             `acceptance_kwargs`, `return_dict_in_generate`, `input_ids`, `attention_mask`).
 
     Returns:
@@ -509,6 +528,10 @@ def compare(
         if name in generate_kwargs:
             raise invalid_value(name, _short(generate_kwargs[name]), "not given: compare() sets it for every call",
                                 "pass the draft as `draft`, the rules as `rules=[...]`, the prompts as `prompts`")
+    if draft is None and generate_kwargs.get("prompt_lookup_num_tokens") is None:
+        raise invalid_value("draft", None, "a draft model, or None together with prompt_lookup_num_tokens "
+                            "(prompt-lookup drafts, no draft model)",
+                            "pass the draft model, or prompt_lookup_num_tokens=<k> (e.g. 6)")
     if generate_kwargs.get("num_return_sequences", 1) != 1:
         raise invalid_value("num_return_sequences", generate_kwargs["num_return_sequences"], "1",
                             "drop it: compare() decodes one output per prompt")
@@ -550,7 +573,8 @@ def compare(
 
     runs: dict[tuple[int, str], list[_Run]] = {}
     was_attached = _is_attached(target)
-    cuda = sorted({p.device.index or 0 for m in (target, draft) for p in m.parameters() if p.device.type == "cuda"})
+    cuda = sorted({p.device.index or 0 for m in (target, draft) if m is not None for p in m.parameters()
+                   if p.device.type == "cuda"})
     if not was_attached:
         attach(target)
     try:
@@ -593,12 +617,13 @@ def compare(
                                         "return e.g. float(answer == reference)")
                 scores[key] = float(value)
 
-    rows = [_summarize(c, runs, encoded, nll, scores, text_of, score is not None) for c in configurations]
+    lookup = generate_kwargs.get("prompt_lookup_num_tokens") is not None
+    rows = [_summarize(c, runs, encoded, nll, scores, text_of, score is not None, lookup) for c in configurations]
     return ComparisonReport(rows, len(encoded), repeats, seed, _json_ready(generate_kwargs))
 
 
-def _summarize(configuration, runs, encoded, nll, scores, text_of, scored) -> ConfigurationResult:
-    """One configuration's row from its runs and `exact`'s."""
+def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, lookup=False) -> ConfigurationResult:
+    """One configuration's row from its runs and `exact`'s; `lookup`: the calls drafted by prompt lookup."""
     per_prompt = []
     for i, input_ids in enumerate(encoded):
         own, reference = runs[i, configuration.name], runs[i, REFERENCE]
@@ -619,6 +644,9 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored) -> Co
         ))
     first_stats = [runs[i, configuration.name][0].stats for i in range(len(encoded))]
     forwards, drafted = sum(s.num_target_forwards for s in first_stats), sum(s.num_drafted for s in first_stats)
+    draft_forwards = sum(getattr(s, "num_draft_forwards", 0) for s in first_stats)
+    rounds = sum(getattr(s, "num_row_forwards", None) or s.num_target_forwards for s in first_stats)
+    hits = sum(getattr(s, "num_ngram_hits", 0) for s in first_stats)
     speedup, speedup_ci95 = geometric_mean_interval([p.speedup for p in per_prompt if p.speedup is not None])
     nll_increase, nll_increase_ci95 = mean_interval([p.nll_increase for p in per_prompt if p.nll_increase is not None])
     divergences = [p.first_divergence for p in per_prompt if p.first_divergence is not None]
@@ -632,6 +660,8 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored) -> Co
         speedup=speedup, speedup_ci95=speedup_ci95,
         tau=sum(s.num_new_tokens for s in first_stats) / forwards if forwards else 0.0,
         acceptance_rate=sum(s.num_accepted for s in first_stats) / drafted if drafted else 0.0,
+        draft_forwards_per_drafted_token=draft_forwards / drafted if drafted else 0.0,
+        ngram_hit_rate=(hits / rounds if rounds else 0.0) if lookup else None,
         identical_share=sum(p.identical for p in per_prompt) / len(per_prompt),
         mean_first_divergence=statistics.fmean(divergences) if divergences else None,
         nll=mean_interval([p.nll for p in per_prompt if p.nll is not None])[0],
@@ -682,13 +712,24 @@ def _load_scorer(spec: str) -> Callable:
     return getattr(importlib.import_module(module_name), attribute)
 
 
+def _prompt_lookup(text: str) -> tuple[int, int | None]:
+    """`--prompt-lookup K[:N]` → (k, n or None); argparse names the flag in the error."""
+    k, colon, n = text.strip().partition(":")
+    parts = [k] + ([n] if colon else [])
+    if not all(part.strip().isascii() and part.strip().isdigit() and int(part) >= 1 for part in parts):
+        raise argparse.ArgumentTypeError(
+            f"got {text!r}; expected K[:N], integers >= 1: K tokens copied per round (prompt_lookup_num_tokens), N "
+            "the longest n-gram searched for (max_matching_ngram_size, default 2). Fix: pass e.g. --prompt-lookup 6:4")
+    return int(k), int(n) if colon else None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m hf_semspec.compare",
         description="Compare acceptance rules against `exact` on your prompts: speed-up, τ, acceptance, identical "
         "outputs, the target's NLL increase, and an optional score. Prints a Markdown report.")
     parser.add_argument("--target", required=True, help="target model (path or Hub id)")
-    parser.add_argument("--draft", required=True, help="draft model (path or Hub id)")
+    parser.add_argument("--draft", help="draft model (path or Hub id); without it, --prompt-lookup drafts alone")
     parser.add_argument("--tokenizer", help="tokenizer (default: the target's, where it has one)")
     parser.add_argument("--prompts", required=True,
                         help="prompts file: text lines, or JSONL with 'prompt' or 'input_ids' (token ids)")
@@ -699,6 +740,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "(exact always runs)")
     parser.add_argument("--draft-length", help="draft-length policy (constant, cost_aware, tapout, ...)")
     parser.add_argument("--num-assistant-tokens", type=int, help="draft tokens per round (the policy's length)")
+    parser.add_argument("--prompt-lookup", type=_prompt_lookup, metavar="K[:N]",
+                        help="every configuration also drafts by prompt lookup: up to K tokens copied per round after "
+                        "the context's last n-gram, N the longest n-gram searched for (default 2, as transformers), "
+                        "e.g. 6:4 (prompt_lookup_num_tokens=K, max_matching_ngram_size=N). With --draft, multi-level "
+                        "drafting (the draft verifies the n-gram candidates); without it, prompt lookup alone")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--sample", action="store_true", help="sample (default: greedy)")
     parser.add_argument("--temperature", type=float)
@@ -727,13 +773,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     if not isinstance(args.generate_kwargs, dict):
         parser.error(f"--generate-kwargs must be a JSON object, got {args.generate_kwargs!r}")
+    if args.draft is None and args.prompt_lookup is None:
+        parser.error("--draft is missing: a draft model drafts, or prompt lookup without one. Fix: pass --draft "
+                     "<model>, or --prompt-lookup K[:N] (e.g. 6:4) to draft by prompt lookup alone")
     if args.threads:
         torch.set_num_threads(args.threads)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     load = {} if args.dtype is None else {"dtype": "auto" if args.dtype == "auto" else getattr(torch, args.dtype)}
     target = AutoModelForCausalLM.from_pretrained(args.target, **load).to(args.device).eval()
-    draft = AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device).eval()
+    draft = None
+    if args.draft is not None:
+        draft = AutoModelForCausalLM.from_pretrained(args.draft, **load).to(args.device).eval()
     try:
         tokenizer = AutoTokenizer.from_pretrained(args.tokenizer or args.target)
     except (OSError, ValueError) as error:
@@ -742,6 +793,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                          "one. Fix: pass --tokenizer, or give token ids (JSONL with 'input_ids')")
         tokenizer = None  # token ids only: the report has no text
     kwargs = dict(args.generate_kwargs, max_new_tokens=args.max_new_tokens, do_sample=args.sample)
+    if args.prompt_lookup is not None:
+        kwargs["prompt_lookup_num_tokens"], ngram = args.prompt_lookup
+        if ngram is not None:
+            kwargs["max_matching_ngram_size"] = ngram
     for name, value in (("temperature", args.temperature), ("top_p", args.top_p),
                         ("draft_length", args.draft_length), ("num_assistant_tokens", args.num_assistant_tokens)):
         if value is not None:

@@ -54,7 +54,7 @@ from .draft_length.base import UNSET_LENGTH_FALLBACK
 from .drafting import DraftBlock, ModelDrafter
 from .errors import invalid_value
 from .model_calls import CachedModel, capture_lm_head_input
-from .ngram import NgramDrafter, PromptLookup, check_prompt_lookup
+from .ngram import NgramDrafter, PromptLookup, RowContexts, check_prompt_lookup
 from .processors import BatchProcessors
 from .rules.base import AcceptanceRule, VerificationInput
 from .stats import AcceptanceStats
@@ -269,15 +269,15 @@ def round_budget(wanted: int, room: int, free_slots: int | None, holes: bool) ->
 
 def _prompt_lookup(generation_config: GenerationConfig, assistant_model, given: PromptLookup | None
                    ) -> PromptLookup | None:
-    """The prompt-lookup settings the loop drafts with, or None when it drafts with `assistant_model`: `given` (what
-    `generate()` resolved; it wins), else the generation config's `prompt_lookup_num_tokens` and
-    `max_matching_ngram_size` (a direct call of `speculative_decode`), validated (`check_prompt_lookup`, which also
-    refuses them together with a draft model). Neither a draft model nor prompt lookup is an error."""
+    """The prompt-lookup settings the loop drafts with (alone without `assistant_model`, through it with one:
+    multi-level drafting), or None: `given` (what `generate()` resolved; it wins), else the generation config's
+    `prompt_lookup_num_tokens` and `max_matching_ngram_size` (a direct call of `speculative_decode`), validated
+    (`check_prompt_lookup`). Neither a draft model nor prompt lookup is an error."""
     if given is not None:
-        return check_prompt_lookup(given.num_tokens, given.max_ngram_size, assistant_model)
+        return check_prompt_lookup(given.num_tokens, given.max_ngram_size)
     if generation_config.prompt_lookup_num_tokens is not None:
         return check_prompt_lookup(generation_config.prompt_lookup_num_tokens,
-                                   generation_config.max_matching_ngram_size, assistant_model)
+                                   generation_config.max_matching_ngram_size)
     if assistant_model is None:
         raise invalid_value(
             "assistant_model", None, "a draft model, or prompt-lookup drafts (prompt_lookup_num_tokens)",
@@ -416,8 +416,8 @@ def speculative_decode(
         budget = round_budget(draft_length.max_tokens(), batch.room(loop.max_length),
                               batch.slot_capacity - batch.num_slots if loop.static else None,
                               holes=loop.static and batch.size > 1)
-        batch.reserve(batch.num_slots + budget)
-        batch.reserve_tokens(max(batch.lengths) + budget + 1)
+        batch.reserve(batch.num_slots + budget + (0 if loop.static else drafter.extra_slots))
+        batch.reserve_tokens(max(batch.lengths) + budget + 1 + drafter.extra_slots)
         draft = drafter.draft(batch, budget, draft_length)
         gamma = draft.num_tokens
 
@@ -531,7 +531,7 @@ class _Loop:
         the batch, the models' cached forwards and the drafter: the draft model's, or prompt lookup's without one."""
         check_generation_config(generation_config, input_ids, rule)
         prompt_lookup = _prompt_lookup(generation_config, assistant_model, prompt_lookup)
-        if prompt_lookup is not None:
+        if prompt_lookup is not None and assistant_model is None:
             rule.check_assistant_model(None)  # a rule that needs a draft model's distribution (rdk) says so
         batch_size = input_ids.shape[0]
         target_cache = model_kwargs[CACHE_ARGUMENT]
@@ -570,7 +570,7 @@ class _Loop:
         target.cached = cached
         vocab_size = model.config.get_text_config().vocab_size
         return_probs = do_sample or rule.requires_draft_probs
-        if prompt_lookup is not None:
+        if prompt_lookup is not None and assistant_model is None:
             drafter = NgramDrafter(
                 input_ids, attention_mask, prompt_lookup, return_probs=return_probs, vocab_size=vocab_size,
                 output_device=input_ids.device, stop_token_ids=frozenset(eos_ids), fixed_length=static,
@@ -587,6 +587,9 @@ class _Loop:
                 stop_token_ids=frozenset(eos_ids),
                 cache=draft_cache,
                 compiled=compiled_draft,
+                contexts=None if prompt_lookup is None else RowContexts(
+                    input_ids, attention_mask, prompt_lookup, stop_token_ids=frozenset(eos_ids)
+                ),
             )
         if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
             caches = [("model", target_cache)]
@@ -677,7 +680,8 @@ class _Loop:
             keep = stop_at + 1
         ends = eos_at is not None or stop_at is not None or length + keep >= self.max_length
         record.stats.record_round(usable, accepted, keep, num_draft_forwards=draft.num_forwards,
-                                  ngram_hit=draft.num_per_row is not None and usable > 0)
+                                  ngram_hit=draft.num_per_row is not None and usable > 0,
+                                  num_ngram_drafts=min(draft.num_ngram_drafts, usable))
         if self.keep_scores:
             record.scores.extend(processed[i, :keep])
         if self.keep_logits:

@@ -4,6 +4,7 @@ prompt lookup copies them from the context (`hf_semspec.ngram.NgramDrafter`, the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch.profiler import record_function
@@ -13,7 +14,15 @@ from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy
 from .model_calls import CachedModel
 from .processors import BatchProcessors
-from .rules.base import sample_categorical
+from .rules.base import residual_distribution, sample_categorical, sample_uniform
+
+if TYPE_CHECKING:
+    from .ngram import RowContexts
+
+# The id written in the slots of a row that found fewer drafts or candidates than the block's width: any valid id
+# does, since neither the verifier (`VerificationInput.draft_limits`) nor multi-level drafting ever takes a row's
+# drafts past its own count.
+PADDING_DRAFT = 0
 
 
 @dataclass
@@ -29,12 +38,15 @@ class DraftBlock:
             drafts each row found, at most γ; the rest of its row is padding, which the loop never lets the rule accept
             (`VerificationInput.draft_limits`). `None`: a draft model's block, γ real drafts in every row.
         num_forwards (`int`): forwards of the draft model this round (0 for prompt lookup).
+        num_ngram_drafts (`int`): multi-level drafting: the drafts that were n-gram candidates the draft model
+            confirmed, each drafted without a forward of its own (every row's first `num_ngram_drafts` of a step are).
     """
 
     tokens: torch.LongTensor
     probs: torch.FloatTensor | None
     num_per_row: tuple[int, ...] | None = None
     num_forwards: int = 0
+    num_ngram_drafts: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -61,6 +73,27 @@ class ModelDrafter:
     to target ids. Drafts and their distribution are returned in target ids, so the loop and every rule see the
     target's vocabulary only.
 
+    **Multi-level drafting** (`contexts`, from `generate(assistant_model=draft, prompt_lookup_num_tokens=k,
+    max_matching_ngram_size=n)`; the FLy paper's multi-level acceleration, arXiv 2511.22972, after `draft_with_ngram`
+    in AMD-AGI/FLy): each draft step first looks up up to k candidates c₁…c_w for each row's next tokens (prompt
+    lookup over the row's context and this round's drafts so far, `hf_semspec.ngram`), and the draft verifies them in
+    one forward over its last token and the w candidates, which gives q₀…q_w, the draft's distribution at each
+    position given the candidates before it:
+
+    - greedy drafting: row r confirms the longest prefix with cⱼ₊₁ = argmax qⱼ, mᵣ candidates;
+    - sampled drafting: speculative sampling with the one-hot proposal cⱼ₊₁ (accept with probability qⱼ(cⱼ₊₁)),
+      mᵣ = the candidates accepted before the first rejection.
+
+    With m = min over the decoding rows of mᵣ, the step drafts c₁…c_m and then, at position m, each row's own token:
+    argmax q_m (greedy); with sampling, c_{m+1} where row r accepted it, else a draw from q_m without c_{m+1},
+    norm(max(q_m − 1[c_{m+1}], 0)), where it rejected it, else (no candidate there) a draw from q_m. So m + 1 drafts
+    cost one forward, the drafts are token for token the draft's own greedy ones, or distributed as its autoregressive
+    q, and the rule is handed q₀…q_m as for any draft. The draft's cache is rolled back past the first unconfirmed
+    candidate. A row whose lookup finds nothing, or a step where no row's does, drafts one token the usual way. Each
+    step reads the confirmed counts on the host (one sync per draft forward: the next lookup needs the drafts); on
+    static caches the candidate block is always k wide (padded), so the compiled forward keeps fixed shapes (1 + k,
+    and 2 + k for a round's first step), and a step that would run past the caches' end drafts one token instead.
+
     Args:
         model (`PreTrainedModel`): the draft (assistant) model; may live on another device or dtype than the target.
         logits_processor (`BatchProcessors`): the processors transformers prepared for this `generate()` call, applied
@@ -76,6 +109,7 @@ class ModelDrafter:
             rounds draft on without the check, which would cost them a sync per token.
         cache (`Cache`, *optional*): the draft's KV cache (default: a `DynamicCache`); a static one with `compiled`.
         compiled (`Callable`, *optional*): the draft's compiled forward for its fixed-shape steps.
+        contexts (`RowContexts`, *optional*): multi-level drafting: each row's context and the lookup's k and n.
     """
 
     def __init__(
@@ -90,6 +124,7 @@ class ModelDrafter:
         stop_token_ids: frozenset[int] = frozenset(),
         cache: Cache | None = None,
         compiled=None,
+        contexts: RowContexts | None = None,
     ):
         self.model = model
         self.logits_processor = logits_processor
@@ -108,6 +143,10 @@ class ModelDrafter:
             model, cache, compiled=compiled, static=not isinstance(cache, DynamicCache),
             max_input_id=draft_vocab_size - 1 if draft_vocab_size < vocab_size else None,
         )
+        self.contexts = contexts
+        # Slots a multi-level step may write past the round's drafts (its candidate block); on static caches the block
+        # is always k wide (fixed shapes), else as wide as the longest lookup.
+        self.extra_slots = contexts.lookup.num_tokens if contexts is not None else 0
         # A compiled draft catches up on the last two slots of each round (the one a fully accepted round drafted but
         # never fed, and the target's token), so that its first forward always has the same shape.
         self.catch_up = 2 if compiled is not None else 1
@@ -123,31 +162,37 @@ class ModelDrafter:
         return self.runner.cache
 
     def append_tokens(self, row: int, tokens: list[int]) -> None:
-        """Row `row` (its index in the caller's input) took `tokens` this round: nothing to do here (the draft's
-        cache catches up from the batch's slots when it next drafts). `NgramDrafter` keeps its contexts with it."""
+        """Row `row` (its index in the caller's input) took `tokens` this round: the draft's cache catches up from the
+        batch's slots when it next drafts; multi-level drafting's contexts take them now."""
+        if self.contexts is not None:
+            self.contexts.append_tokens(row, tokens)
 
     def keep_rows(self, index: torch.LongTensor) -> None:
         """Keeps the batch rows at `index` in the draft's cache (a dynamic batch whose finished rows leave)."""
         self.runner.keep_rows(index)
 
-    def _next_token(
-        self, batch: DecodingBatch, index: int, logits: torch.FloatTensor, keep_probs: bool
+    def _next_tokens(
+        self, batch: DecodingBatch, index: int, logits: torch.FloatTensor, keep_probs: bool, draw: bool | None = None
     ) -> tuple[torch.LongTensor, torch.FloatTensor | None]:
-        """The drafted token `(batch,)` and, if `keep_probs`, the distribution it was drawn from `(batch, vocab)`.
+        """The tokens drafted at draft positions `index, index + 1, …`, `(batch, positions)`, and, if `keep_probs`,
+        the distributions they were drawn from, `(batch, positions, vocab)`.
 
-        `logits` are the draft's raw logits, over the kept ids for a pruned drafter."""
+        `logits` are the draft's raw logits `(batch, positions, draft vocab)`, over the kept ids for a pruned drafter;
+        position j's processors see the prefix through draft `index + j − 1` (already written in the batch). `draw`:
+        sample from q (default: `do_sample`); `False` takes argmax q."""
+        draw = self.do_sample if draw is None else draw
         processors = len(self.logits_processor) > 0
         if self.kept_token_ids is None and logits.shape[-1] != self.vocab_size:
             logits = self._on_target_vocabulary(logits)
         if self.kept_token_ids is not None:
-            if not (processors or keep_probs or self.do_sample or self.rdk_kernel is not None):
+            if not (processors or keep_probs or draw or self.rdk_kernel is not None):
                 return self.kept_token_ids[logits.argmax(-1)], None  # greedy fast path: no full-vocabulary tensor
             # Tokens the drafter cannot propose get −inf, so processors and q live on the target's vocabulary.
-            full = logits.new_full((logits.shape[0], self.vocab_size), float("-inf"))
-            logits = full.index_copy(1, self.kept_token_ids, logits)
+            full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+            logits = full.index_copy(logits.dim() - 1, self.kept_token_ids, logits)
         if processors:
-            logits = self.logits_processor(batch, logits[:, None], index)[:, 0]
-        if not (keep_probs or self.do_sample or self.rdk_kernel is not None):
+            logits = self.logits_processor(batch, logits, index)
+        if not (keep_probs or draw or self.rdk_kernel is not None):
             return logits.argmax(-1), None
         q = logits.softmax(-1)
         if self.kept_token_ids is not None:
@@ -156,16 +201,16 @@ class ModelDrafter:
             # lossless, and the target, which gives these drafts probability 0, replaces the first with its own.
             q = torch.where(q.isnan(), self._uniform_over_kept(q), q)
         if self.rdk_kernel is not None:
-            q = redistribute(q, self.kept_token_ids, *self.rdk_kernel)
-        token = sample_categorical(q, None) if self.do_sample else q.argmax(-1)
+            q = redistribute(q.flatten(0, -2), self.kept_token_ids, *self.rdk_kernel).view(q.shape)
+        token = sample_categorical(q, None) if draw else q.argmax(-1)
         return token, q
 
     def _on_target_vocabulary(self, logits: torch.FloatTensor) -> torch.FloatTensor:
-        """`(batch, draft vocab)` logits → `(batch, vocab_size)`: the draft's padding ids past the target's cut off,
+        """`(..., draft vocab)` logits → `(..., vocab_size)`: the draft's padding ids past the target's cut off,
         the target's padding ids past the draft's given −inf (probability 0 in q, never drafted)."""
         width = logits.shape[-1]
         if width > self.vocab_size:
-            return logits[:, : self.vocab_size]
+            return logits[..., : self.vocab_size]
         return torch.nn.functional.pad(logits, (0, self.vocab_size - width), value=float("-inf"))
 
     def _uniform_over_kept(self, like: torch.Tensor) -> torch.Tensor:
@@ -195,28 +240,110 @@ class ModelDrafter:
         decoding_rows = None if not asks_policy or all(batch.decoding) else torch.tensor(
             [i for i, decoding in enumerate(batch.decoding) if decoding], device=self.output_device
         )
-        while len(tokens) < max_tokens:
-            index = len(tokens)
-            logits = self.runner.forward(batch, start + index, 1)[:, -1].to(self.output_device)
-            token, q = self._next_token(batch, index, logits, keep_probs)
-            batch.write_draft(index, token)
-            tokens.append(token)
-            probs.append(q)
-            if asks_policy and len(tokens) < max_tokens:
-                # The policy's read first: it syncs on q, which comes after the token, so the EOS read below then
-                # waits for nothing (the other order would wait twice per token).
-                if not policy.keep_drafting(len(tokens), q if q is None or decoding_rows is None else q[decoding_rows]):
+        num_forwards = num_ngram_drafts = 0
+        if self.contexts is not None:
+            for row in batch.rows:  # this round's drafts extend the contexts until the round ends
+                self.contexts.indexes[row].mark()
+        try:
+            while len(tokens) < max_tokens:
+                index = len(tokens)
+                step = None
+                if self.contexts is not None:
+                    step = self._multi_level_step(batch, start, index, max_tokens - index, keep_probs)
+                if step is None:  # one draft from one forward
+                    logits = self.runner.forward(batch, start + index, 1)[:, -1:].to(self.output_device)
+                    step = self._next_tokens(batch, index, logits, keep_probs)
+                else:
+                    num_ngram_drafts += step[0].shape[1] - 1
+                num_forwards += 1
+                stop = False
+                for token, q in zip(step[0].unbind(1), [None] * step[0].shape[1] if step[1] is None
+                                    else step[1].unbind(1)):
+                    batch.write_draft(len(tokens), token)
+                    tokens.append(token)
+                    probs.append(q)
+                    if asks_policy and len(tokens) < max_tokens:
+                        # The policy's read first: it syncs on q, which comes after the token, so the EOS read below
+                        # then waits for nothing (the other order would wait twice per token).
+                        if not policy.keep_drafting(
+                            len(tokens), q if q is None or decoding_rows is None else q[decoding_rows]
+                        ):
+                            stop = True
+                            break
+                        if self.stop_token_ids:
+                            done = [d or t in self.stop_token_ids for d, t in zip(done, token.tolist())]
+                            if all(done):
+                                stop = True
+                                break
+                if stop:
                     break
-                if self.stop_token_ids:
-                    done = [d or t in self.stop_token_ids for d, t in zip(done, token.tolist())]
-                    if all(done):
-                        break
+                if self.contexts is not None:  # the next step's lookup searches this round's drafts too
+                    for row, new in zip(batch.rows, step[0].tolist()):
+                        self.contexts.indexes[row].extend(new)
+        finally:
+            if self.contexts is not None:
+                for row in batch.rows:
+                    self.contexts.indexes[row].rollback()
         empty = batch.ids.new_zeros(batch.size, 0)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1) if tokens else empty,
             probs=torch.stack(probs, dim=1) if (self.return_probs and probs) else None,
-            num_forwards=len(tokens),  # one forward per drafted token (the first also feeds the slots it has not seen)
+            # one forward per drafted token (the first also feeds the slots it has not seen), fewer with multi-level
+            # drafting
+            num_forwards=num_forwards,
+            num_ngram_drafts=num_ngram_drafts,
         )
+
+    def _multi_level_step(
+        self, batch: DecodingBatch, start: int, index: int, remaining: int, keep_probs: bool
+    ) -> tuple[torch.LongTensor, torch.FloatTensor | None] | None:
+        """One multi-level draft step (the class docstring) at draft position `index` of the round that drafts into
+        slots from `start`, with at most `remaining` drafts left: the drafts `(batch, m + 1)` and, if `keep_probs`,
+        their q `(batch, m + 1, vocab)`; None where it would not pay (no candidate, fewer than two drafts left, or
+        no room in static caches): the caller drafts one token the usual way."""
+        wanted = min(self.extra_slots, remaining - 1)  # the step's own token comes after the candidates
+        if wanted < 1:
+            return None
+        found = [
+            self.contexts.found(row, wanted) if decoding else []
+            for row, decoding in zip(batch.rows, batch.decoding)
+        ]
+        longest = max(len(candidates) for candidates in found)
+        if longest == 0:
+            return None
+        width = longest
+        if self.runner.static:
+            width = self.extra_slots  # one shape for the compiled forward
+            if start + index + width > batch.slot_capacity:
+                return None
+        candidates = torch.tensor([c + [PADDING_DRAFT] * (width - len(c)) for c in found], dtype=torch.long,
+                                  device=self.output_device)
+        for j in range(width):
+            batch.write_draft(index + j, candidates[:, j])
+        logits = self.runner.forward(batch, start + index + width, width + 1).to(self.output_device)
+        sampled = self.do_sample
+        greedy, q = self._next_tokens(batch, index, logits, keep_probs or sampled, draw=False)
+        counts = torch.tensor([len(c) for c in found], device=self.output_device)
+        if sampled:  # speculative sampling of the one-hot proposal c: accepted with probability q(c)
+            accept_at = q[:, :width].gather(-1, candidates[..., None])[..., 0]
+            agrees = sample_uniform(accept_at.shape, accept_at.device, None) < accept_at
+        else:
+            agrees = greedy[:, :width] == candidates
+        agrees &= torch.arange(width, device=self.output_device)[None, :] < counts[:, None]
+        matched = agrees.long().cumprod(-1).sum(-1)
+        m = min(c for c, decoding in zip(matched.tolist(), batch.decoding) if decoding)  # the step's host sync
+        if not sampled:
+            own = greedy[:, m]
+        elif m == width:  # every row confirmed its whole block: its next token is a draw from q_m
+            own = sample_categorical(q[:, m], None)
+        else:
+            proposal = torch.zeros_like(q[:, m]).scatter_(-1, candidates[:, m : m + 1], 1.0)
+            rejected = ((matched == m) & (counts > m))[:, None]
+            draw = sample_categorical(torch.where(rejected, residual_distribution(q[:, m], proposal), q[:, m]), None)
+            own = torch.where(matched > m, candidates[:, m], draw)
+        self.runner.rewind(start + index + m)  # the cache keeps the confirmed candidates only
+        drafts = torch.cat([candidates[:, :m], own[:, None]], dim=1)
+        return drafts, (q[:, : m + 1] if keep_probs else None)
 
 
 def redistribute(

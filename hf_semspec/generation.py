@@ -203,9 +203,9 @@ def _as_transformers_merges(name: str, kwargs: dict, generation_config: Generati
 def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | None, model,
                            assistant_model) -> PromptLookup | None:
     """Prompt-lookup drafting's settings, `prompt_lookup_num_tokens` (k) and `max_matching_ngram_size` (n, default
-    2), read as transformers reads them (`_as_transformers_merges`) and validated; None when k is unset. k with an
-    `assistant_model` is refused (multi-level drafting is not supported yet), and so is an n given with the call or
-    a passed config without k, which nothing would read."""
+    2), read as transformers reads them (`_as_transformers_merges`) and validated; None when k is unset (with an
+    `assistant_model`, they turn on multi-level drafting). An n given with the call or a passed config without k,
+    which nothing would read, is refused."""
     num_tokens, num_tokens_field = _as_transformers_merges("prompt_lookup_num_tokens", kwargs, generation_config, model)
     ngram_size, ngram_field = _as_transformers_merges("max_matching_ngram_size", kwargs, generation_config, model)
     if num_tokens is None:
@@ -215,11 +215,11 @@ def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | N
             field, value = given
             raise invalid_value(
                 field, value, "only together with prompt_lookup_num_tokens (the n-gram size of prompt-lookup drafts)",
-                "also pass prompt_lookup_num_tokens=<tokens per round> (without assistant_model), or drop "
+                "also pass prompt_lookup_num_tokens=<tokens per round>, or drop "
                 "max_matching_ngram_size",
             )
         return None
-    return check_prompt_lookup(num_tokens, ngram_size, assistant_model, num_tokens_field, ngram_field)
+    return check_prompt_lookup(num_tokens, ngram_size, num_tokens_field, ngram_field)
 
 
 def _drafts_own_length(assistant_model) -> int | None:
@@ -454,15 +454,18 @@ def _build_draft_length_policy(
                 num_assistant_tokens = config.max_tokens  # a cap given more specifically than the length: start at it
             setattr(config, length_field, num_assistant_tokens)
         elif getattr(config, length_field) is None:
-            # Unset: the draft's own length (set up for stock assisted generation), or prompt lookup's k, else the
-            # rule's default.
-            own = prompt_lookup.num_tokens if prompt_lookup is not None else _drafts_own_length(assistant_model)
+            # Unset: the draft's own length (set up for stock assisted generation), or without one prompt lookup's
+            # k, else the rule's default.
+            own = _drafts_own_length(assistant_model) if assistant_model is not None else (
+                prompt_lookup.num_tokens if prompt_lookup is not None else None
+            )
             start = _first_set(own, rule.default_num_draft_tokens)
             setattr(config, length_field, default_length(config, length_field, start))
         config.validate()
     if policy_class.keeps_state_across_calls or carried_over_schedule:
         key = (name, _options_key(config), rule.name, _options_key(rule.config))
-        # Prompt lookup has no draft model: its policies are kept on the target, apart from a draft model's.
+        # Prompt lookup alone has no draft model: its policies are kept on the target, apart from a draft model's;
+        # multi-level drafting's apart from the draft model's alone.
         drafter = assistant_model if assistant_model is not None else model
         if prompt_lookup is not None:
             key += ("prompt_lookup", prompt_lookup.num_tokens, prompt_lookup.max_ngram_size)
@@ -684,12 +687,14 @@ def generate(
         model (`PreTrainedModel`): the target model.
         assistant_model (`PreTrainedModel`, *optional*): the draft model, with the target's tokenizer; its vocabulary
             size may differ from the target's by padding only (rows past the tokenizer's last id), checked with
-            `tokenizer`. None with `prompt_lookup_num_tokens`.
+            `tokenizer`. None for prompt-lookup drafts alone (`prompt_lookup_num_tokens`).
         prompt_lookup_num_tokens (`int`, *optional*, in kwargs): without `assistant_model`, draft by prompt lookup: up
             to this many tokens per round (k, in [1, 128]) copied from after an earlier occurrence of the context's
             last n-gram, as transformers' prompt lookup decoding finds them (`hf_semspec.ngram`), verified by the
-            rule; every rule but `"rdk"`. With an `assistant_model` it is an error (multi-level drafting is not
-            supported yet). Read as transformers reads it: the call, else a passed, else the model's generation config.
+            rule; every rule but `"rdk"`. With an `assistant_model`, multi-level drafting: the draft model confirms
+            up to k looked-up candidates per forward, drafting what it drafts alone in fewer forwards
+            (`hf_semspec.drafting.ModelDrafter`). Read as transformers reads it: the call, else a passed, else the
+            model's generation config.
         max_matching_ngram_size (`int`, *optional*, in kwargs): n, the longest n-gram searched for (≥ 1; default 2, as
             transformers'); only with `prompt_lookup_num_tokens`.
         tokenizer (`PreTrainedTokenizerBase`, *optional*, in kwargs): the target's tokenizer, as transformers takes

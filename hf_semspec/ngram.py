@@ -1,4 +1,5 @@
-"""Prompt-lookup drafts: tokens copied from the context, no draft model.
+"""Prompt-lookup drafts: tokens copied from the context, no draft model (and the n-gram index that multi-level
+drafting searches for a draft model's candidates: `RowContexts`, `hf_semspec.drafting.ModelDrafter`).
 
 `generate(..., acceptance=rule, prompt_lookup_num_tokens=k, max_matching_ngram_size=n)` without an
 `assistant_model` drafts, each round and for each row, the k tokens that followed an earlier occurrence of the last
@@ -44,15 +45,11 @@ from .batch import DecodingBatch
 from .component_config import python_number
 from .draft_length import DraftLengthPolicy
 from .draft_length.base import MAX_DRAFT_TOKENS
-from .drafting import DraftBlock
+from .drafting import PADDING_DRAFT, DraftBlock
 from .errors import invalid_value
 
 # transformers' default `max_matching_ngram_size` (`generation_config.max_matching_ngram_size or 2`).
 DEFAULT_MAX_NGRAM_SIZE = 2
-
-# The id written in the slots of a row that found fewer drafts than the round's γ: any valid id does, since the
-# verifier never accepts a row's drafts past its own count (`VerificationInput.draft_limits`).
-PADDING_DRAFT = 0
 
 
 @dataclass(frozen=True)
@@ -72,7 +69,6 @@ class PromptLookup:
 def check_prompt_lookup(
     num_tokens: Any,
     max_ngram_size: Any,
-    assistant_model: Any,
     num_tokens_field: str = "prompt_lookup_num_tokens",
     ngram_field: str = "max_matching_ngram_size",
 ) -> PromptLookup:
@@ -81,21 +77,12 @@ def check_prompt_lookup(
     Args:
         num_tokens: `prompt_lookup_num_tokens` (not None), an int in `[1, MAX_DRAFT_TOKENS]`.
         max_ngram_size: `max_matching_ngram_size`, an int ≥ 1, or None for the default 2.
-        assistant_model: must be None: drafting with a draft model and prompt lookup together (multi-level drafting)
-            is not supported yet.
         num_tokens_field / ngram_field (`str`): the fields as the user set them, for the errors
             (`"generation_config.prompt_lookup_num_tokens"`, ...).
 
     Raises:
         `SemSpecConfigError`: naming the field, the value, what is allowed and the fix.
     """
-    if assistant_model is not None:
-        raise invalid_value(
-            num_tokens_field, num_tokens,
-            "None together with assistant_model (prompt-lookup drafts take the draft model's place)",
-            "drop assistant_model for prompt-lookup drafts; multi-level drafting with both is not supported yet (or "
-            "set prompt_lookup_num_tokens=None to draft with assistant_model)",
-        )
     num_tokens, max_ngram_size = python_number(num_tokens), python_number(max_ngram_size)
     if not _is_int(num_tokens) or not 1 <= num_tokens <= MAX_DRAFT_TOKENS:
         raise invalid_value(
@@ -123,6 +110,9 @@ class NgramIndex:
     """One row's context and, for each size m ≤ n, where each m-gram of it first occurred: a prompt-lookup search
     is then a dictionary look-up per size, not a scan of the context.
 
+    Tokens appended after `mark()` are tentative (a round's drafts, which multi-level drafting searches through
+    before the target has verified them): `rollback()` forgets them and the n-grams they added.
+
     Args:
         max_ngram_size (`int`): n.
         tokens (`Iterable[int]`): the context so far (a prompt without its left padding).
@@ -133,6 +123,9 @@ class NgramIndex:
         self.tokens: list[int] = []
         # first[m - 1][gram] = the first position of the m-gram `gram` in `tokens`
         self.first: list[dict[tuple[int, ...], int]] = [{} for _ in range(max_ngram_size)]
+        # While tentative: the context's length at `mark()` and the n-grams added since, (size − 1, gram).
+        self._marked: int | None = None
+        self._added: list[tuple[int, tuple[int, ...]]] = []
         self.extend(tokens)
 
     def extend(self, tokens: Iterable[int]) -> None:
@@ -141,7 +134,24 @@ class NgramIndex:
             self.tokens.append(int(token))
             end = len(self.tokens)
             for m in range(1, min(self.max_ngram_size, end) + 1):
-                self.first[m - 1].setdefault(tuple(self.tokens[end - m :]), end - m)
+                gram = tuple(self.tokens[end - m :])
+                if gram not in self.first[m - 1]:
+                    self.first[m - 1][gram] = end - m
+                    if self._marked is not None:
+                        self._added.append((m - 1, gram))
+
+    def mark(self) -> None:
+        """Tokens appended from now on are tentative, until `rollback()`."""
+        self._marked, self._added = len(self.tokens), []
+
+    def rollback(self) -> None:
+        """Forgets the tokens appended since `mark()`, and the n-grams that first occurred among them."""
+        if self._marked is None:
+            return
+        for size, gram in self._added:
+            del self.first[size][gram]
+        del self.tokens[self._marked :]
+        self._marked, self._added = None, []
 
     def lookup(self, num_tokens: int) -> list[int]:
         """Up to `num_tokens` drafts for the context's next tokens (the module docstring's search); `[]` when none
@@ -152,6 +162,44 @@ class NgramIndex:
             if start < length - m:  # an earlier occurrence than the context's own end: it has a continuation
                 return self.tokens[start + m : start + m + num_tokens]
         return []
+
+
+class RowContexts:
+    """Each row's context, prompt (without its left padding) then the tokens its output kept, with its n-gram index:
+    what prompt lookup searches, for `NgramDrafter` and for multi-level drafting (`ModelDrafter` with a lookup).
+
+    The loop appends each round's kept tokens from its one host sync (`append_tokens`), so no search reads the
+    device. The indexes are kept by the caller's row index (`DecodingBatch.rows`), so rows that leave need nothing.
+
+    Args:
+        input_ids (`torch.LongTensor` of shape `(batch, length)`) and attention_mask (`torch.LongTensor` of the same
+            shape, *optional*): the prompts, left-padded.
+        lookup (`PromptLookup`): k and n.
+        stop_token_ids (`frozenset[int]`): EOS ids: found drafts end with the first of them.
+    """
+
+    def __init__(self, input_ids: torch.LongTensor, attention_mask: torch.LongTensor | None, lookup: PromptLookup,
+                 stop_token_ids: frozenset[int] = frozenset()):
+        self.lookup = lookup
+        self.stop_token_ids = stop_token_ids
+        rows = input_ids.tolist()
+        masks = attention_mask.tolist() if attention_mask is not None else [[1] * len(row) for row in rows]
+        self.indexes = [
+            NgramIndex(lookup.max_ngram_size, (t for t, m in zip(row, mask) if m)) for row, mask in zip(rows, masks)
+        ]
+
+    def append_tokens(self, row: int, tokens: list[int]) -> None:
+        """Row `row` (its index in the caller's input) took `tokens` this round."""
+        self.indexes[row].extend(tokens)
+
+    def found(self, row: int, wanted: int) -> list[int]:
+        """Up to `wanted` drafts for row `row`'s next tokens, through the first EOS among them."""
+        drafts = self.indexes[row].lookup(wanted)
+        if self.stop_token_ids:
+            end = next((i for i, token in enumerate(drafts) if token in self.stop_token_ids), None)
+            if end is not None:
+                drafts = drafts[: end + 1]
+        return drafts
 
 
 def ngram_drafts(tokens: Iterable[int], num_tokens: int, max_ngram_size: int = DEFAULT_MAX_NGRAM_SIZE) -> list[int]:
@@ -208,29 +256,16 @@ class NgramDrafter:
         self.return_probs = return_probs
         self.vocab_size = vocab_size
         self.output_device = output_device
-        self.stop_token_ids = stop_token_ids
         self.fixed_length = fixed_length
-        rows = input_ids.tolist()
-        masks = attention_mask.tolist() if attention_mask is not None else [[1] * len(row) for row in rows]
-        # One index per row of the caller's input (`DecodingBatch.rows`), so rows that leave need no bookkeeping.
-        self.indexes = [
-            NgramIndex(lookup.max_ngram_size, (t for t, m in zip(row, mask) if m)) for row, mask in zip(rows, masks)
-        ]
+        self.extra_slots = 0  # (it writes no slot past its drafts)
+        self.contexts = RowContexts(input_ids, attention_mask, lookup, stop_token_ids)
 
     def append_tokens(self, row: int, tokens: list[int]) -> None:
         """Row `row` (its index in the caller's input) took `tokens` this round."""
-        self.indexes[row].extend(tokens)
+        self.contexts.append_tokens(row, tokens)
 
     def keep_rows(self, index: torch.LongTensor) -> None:
         """Rows leave the batch: nothing to do (the contexts are kept by the caller's row index)."""
-
-    def _found(self, row: int, wanted: int) -> list[int]:
-        drafts = self.indexes[row].lookup(wanted)
-        if self.stop_token_ids:
-            end = next((i for i, token in enumerate(drafts) if token in self.stop_token_ids), None)
-            if end is not None:
-                drafts = drafts[: end + 1]
-        return drafts
 
     @record_function("hf_semspec.draft")
     def draft(self, batch: DecodingBatch, max_tokens: int, policy: DraftLengthPolicy | None = None) -> DraftBlock:
@@ -244,7 +279,7 @@ class NgramDrafter:
         """
         wanted = min(self.num_tokens, max_tokens)
         found = [
-            self._found(row, wanted) if decoding and wanted > 0 else []
+            self.contexts.found(row, wanted) if decoding and wanted > 0 else []
             for row, decoding in zip(batch.rows, batch.decoding)
         ]
         longest = max(len(drafts) for drafts in found)

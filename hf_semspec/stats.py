@@ -30,11 +30,15 @@ class AcceptanceStats:
             verdicts, as `num_accepted`, summed over the rows).
         num_row_forwards (`int`): target forwards counted once per row they verified: each row's rounds, summed
             over the rows (`num_target_forwards` for one row; filled from it when not given).
-        num_draft_forwards (`int`): forward passes of the draft model, one per drafted token (a batch's are shared by
-            its rows: a row counts those of the rounds it took part in); 0 with prompt-lookup drafts.
+        num_draft_forwards (`int`): forward passes of the draft model, one per drafted token (fewer with multi-level
+            drafting; a batch's are shared by its rows: a row counts those of the rounds it took part in); 0 with
+            prompt-lookup drafts alone.
         num_ngram_hits (`int`): with prompt-lookup drafts, the rounds in which a row's lookup found drafts it could
             use, summed over the rows (`num_target_forwards − num_ngram_hits` rounds of one row verified no draft);
             0 with a draft model.
+        num_ngram_drafts (`int`): with multi-level drafting (a draft model and prompt lookup), the drafts that were
+            n-gram candidates the draft model confirmed, drafted without a forward of their own (at most the row's
+            drafts of the round); 0 otherwise.
     """
 
     num_target_forwards: int = 0
@@ -48,6 +52,7 @@ class AcceptanceStats:
     num_row_forwards: int | None = None
     num_draft_forwards: int = 0
     num_ngram_hits: int = 0
+    num_ngram_drafts: int = 0
 
     def __post_init__(self):
         if self.num_row_forwards is None:  # one row's statistics (or a file written before the field)
@@ -77,8 +82,8 @@ class AcceptanceStats:
 
     @property
     def draft_forwards_per_drafted_token(self) -> float:
-        """Draft-model forwards per draft token proposed: 1 for one row drafted by a model (less for a batch, whose
-        forwards draft for every row at once), 0 for prompt-lookup drafts."""
+        """Draft-model forwards per draft token proposed: 1 for one row drafted by a model (less with multi-level
+        drafting, and for a batch, whose forwards draft for every row at once), 0 for prompt-lookup drafts alone."""
         return self.num_draft_forwards / self.num_drafted if self.num_drafted else 0.0
 
     @property
@@ -113,14 +118,16 @@ class AcceptanceStats:
             num_row_forwards=self.num_row_forwards + other.num_row_forwards,
             num_draft_forwards=self.num_draft_forwards + other.num_draft_forwards,
             num_ngram_hits=self.num_ngram_hits + other.num_ngram_hits,
+            num_ngram_drafts=self.num_ngram_drafts + other.num_ngram_drafts,
         )
 
     def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int, num_draft_forwards: int = 0,
-                     ngram_hit: bool = False) -> None:
+                     ngram_hit: bool = False, num_ngram_drafts: int = 0) -> None:
         """Adds one round of one row: `num_drafted` drafts, of which the rule accepted the first `num_accepted` (its
         verdicts), and the `num_new_tokens` the row's sequence took (fewer than `num_accepted + 1` where the output
         ended inside the round); the draft model's `num_draft_forwards` of the round, and whether the row's prompt
-        lookup found drafts (`ngram_hit`). The loop reads these on the host with the round's one sync."""
+        lookup found drafts (`ngram_hit`), and the drafts multi-level drafting took from confirmed n-gram candidates
+        (`num_ngram_drafts`). The loop reads these on the host with the round's one sync."""
         self.num_target_forwards += 1
         self.num_row_forwards += 1
         self.num_drafted += num_drafted
@@ -128,6 +135,7 @@ class AcceptanceStats:
         self.num_new_tokens += num_new_tokens
         self.num_draft_forwards += num_draft_forwards
         self.num_ngram_hits += int(ngram_hit)
+        self.num_ngram_drafts += num_ngram_drafts
         self.drafted_per_round.append(num_drafted)
         self.accepted_per_round.append(num_accepted)
         grow = num_drafted - len(self.drafted_per_position)

@@ -147,8 +147,6 @@ def test_a_static_cache_passed_by_the_user(no_forward):
     [
         ({"penalty_alpha": 0.6, "top_k": 4}, r"`penalty_alpha` = 0.6 .*None with an acceptance rule \(contrastive search"),
         ({"dola_layers": "low"}, r"`dola_layers` = 'low' .*\(DoLa decoding is another"),
-        ({"prompt_lookup_num_tokens": 3}, r"`prompt_lookup_num_tokens` = 3 .*Fix: drop assistant_model for "
-                                          r"prompt-lookup drafts; multi-level drafting with both is not supported yet"),
         ({"assistant_early_exit": 1}, r"`assistant_early_exit` = 1 .*\(early-exit self-drafting .*Fix: remove"),
         ({"use_mtp": True}, r"`use_mtp` = True .*\(multi-token-prediction drafting .*Fix: remove use_mtp"),
         ({"prefill_chunk_size": 4}, r"`prefill_chunk_size` = 4 .*prefills the prompt in one forward.*Fix: remove"),

@@ -25,8 +25,9 @@ def smoke_run(tmp_path_factory):
     results = gpu.main([
         "--target", "tiny", "--draft", "tiny", "--device", "cpu", "--dtype", "float32", "--compile-backend",
         "aot_eager", "--compile-mode", "none", "--new-tokens", "12", "--prompt-length", "8", "--repeats", "1",
-        "--gamma", str(GAMMA), "--gammas", "1,3,4", "--batch-sizes", "2",
-        "--batch-new-tokens", "6", "--rules", "dropmatch,exact,fly", "--output-dir", str(out), "--name", "smoke",
+        "--gamma", str(GAMMA), "--gammas", "1,3,4", "--batch-sizes", "2", "--compiled-batch-sizes", "1,2",
+        "--batch-new-tokens", "8", "--rules", "dropmatch,exact,fly", "--parts", "eager,batched,compiled,mla",
+        "--mla-k", "4", "--output-dir", str(out), "--name", "smoke",
     ])
     return results, out
 
@@ -36,8 +37,8 @@ def test_every_section_is_written(smoke_run):
     saved = json.loads((out / "smoke.json").read_text())
     assert set(saved) >= {"setup", "machine", "costs", "live", "modeled", "batched"}
     text = (out / "smoke.md").read_text()
-    for heading in ("## Costs (ms)", "## Live, batch 1", "## Modeled at the reference pair's acceptance: spec-bench",
-                    "## Batched"):
+    for heading in ("## Costs (ms)", "## Live", "## Modeled at the reference pair's acceptance: spec-bench",
+                    "## Batched", "## Warm-up (s)", "## Multi-level drafting (modeled)"):
         assert heading in text
     assert set(results["costs"]["verification"]) == {"dropmatch", "exact", "fly"}
     assert sorted(results["costs"]["verify_eager"]) == [1, 3, 4] and list(results["costs"]["verify_compiled"]) == [GAMMA]
@@ -53,9 +54,9 @@ def test_compiled_costs_are_read_from_the_live_run(smoke_run):
     assert exact["draft_step_ms"] > 0 and exact["verify_ms"] > 0
     assert results["costs"]["draft_step_compiled"] == exact["draft_step_ms"]
     assert results["costs"]["verify_compiled"][GAMMA] == exact["verify_ms"]
-    # its host time is the round less γ steps, verify and verification
-    expected = exact["round_ms"] - (GAMMA * exact["draft_step_ms"] + exact["verify_ms"]
-                                    + results["costs"]["verification"]["exact"])
+    # its host time is the round less the device time of the forwards it made and the verification
+    assert exact["forward_ms_per_round"] > GAMMA * exact["draft_step_ms"]
+    expected = exact["round_ms"] - exact["forward_ms_per_round"] - results["costs"]["verification"]["exact"]
     assert exact["overhead_ms"] == pytest.approx(expected)
 
 
@@ -67,9 +68,111 @@ def test_the_live_runs_cover_every_method(smoke_run):
         assert ("semspec", rule, False, "target's weights") in seen
         assert ("semspec", rule, True, "independent") in seen
     for record in results["live"]:
-        if record.get("draft") == "target's weights" and record["method"] == "semspec":
+        if record.get("draft") == "target's weights" and record["method"] != "plain":  # stock too
             # the target drafting for itself: (nearly) every draft accepted, so a round makes about γ + 1 tokens
             assert record["tau"] > GAMMA
+
+
+def test_every_live_record_keeps_the_contract(smoke_run):
+    """What the next GPU session reads: every live record has compiled, batch_size, rule and alpha; speculative runs
+    tau; every compiled speculative run, batched ones too, overhead_ms."""
+    results, _ = smoke_run
+    gpu.check_live_records(results["live"])
+    for record in results["live"]:
+        assert {"compiled", "batch_size", "rule", "alpha", "first_call_s"} <= set(record)
+        assert (record["rule"] is None) == (record["method"] in ("plain", "stock"))
+        if record["method"] != "plain":
+            assert record["tau"] >= 1
+        if record["compiled"] and record["method"] != "plain":
+            assert isinstance(record["overhead_ms"], float)
+    with pytest.raises(ValueError, match=r"live\[0\].*missing \['overhead_ms'\]"):
+        gpu.check_live_records([{"method": "semspec", "rule": "exact", "compiled": True, "batch_size": 2,
+                                 "alpha": "1", "tau": 4.0}])
+
+
+def test_compiled_batches_and_alpha_one_run_live(smoke_run):
+    results, _ = smoke_run
+    compiled = [r for r in results["live"] if r["compiled"]]
+    for batch_size in (1, 2):
+        seen = {(r["method"], r["rule"], r["alpha"]) for r in compiled if r["batch_size"] == batch_size}
+        assert {("plain", None, None), ("semspec", "exact", "independent"), ("plain", None, "1"),
+                ("semspec", "exact", "1")} <= seen
+    for record in compiled:
+        if record["alpha"] == "1" and record["method"] == "semspec":
+            # both final norms zeroed: every draft right, so each round makes γ + 1 tokens (12 and 8 new tokens are
+            # whole rounds at γ = 3), and every row's text is plain decoding's (all token 0)
+            assert record["tau"] == pytest.approx(GAMMA + 1)
+            assert record["agrees_with_plain"] == 1.0
+    batched = [r for r in compiled if r["batch_size"] > 1 and r["method"] == "semspec"]
+    assert batched and all("overhead_ms" in r for r in batched)
+    assert set(results["verification_by_batch"]) == {1, 2}
+
+
+def test_warm_up_and_graphs_are_recorded(smoke_run):
+    results, _ = smoke_run
+    warmup = results["warmup"]
+    assert warmup["plain"]["rule"] is None and warmup["speculative"]["rule"] == "exact"
+    assert warmup["plain"]["warmup_s"] > 0 and warmup["speculative"]["warmup_s"] > 0
+    assert warmup["ratio"] == pytest.approx(warmup["speculative"]["warmup_s"] / warmup["plain"]["warmup_s"])
+    # plain decoding compiles the target's step; the first speculative call the draft's step, its catch-up step and
+    # the verify forward
+    assert warmup["plain"]["graphs_compiled"] >= 1 and warmup["speculative"]["graphs_compiled"] >= 3
+    plan = results["graph_plan"]
+    assert len([g for g in plan if g["batch_size"] == 1 and g["what"] != "multi-level drafting's forward"]) == 4
+    assert len(plan) == 4 + 4 + 1  # batch 1, batch 2, the MLA forward
+    assert results["graphs_compiled"] >= 1 and results["skipped"] == []
+
+
+def test_multi_level_drafting_is_modeled_from_its_forward(smoke_run):
+    results, _ = smoke_run
+    mla = results["mla_modeled"]
+    assert mla["k"] == 4 and mla["forward_tokens"] == 5 and mla["draft_forward_ms"] > 0
+    assert mla["draft_ms_per_drafted_token"] == pytest.approx(0.5 * mla["draft_forward_ms"])
+    costs = results["costs"]
+    exact = next(r for r in results["live"] if r["rule"] == "exact" and r["compiled"] and r["batch_size"] == 1
+                 and r["alpha"] == "independent")
+    reference = json.loads(gpu.DEFAULT_ACCEPTANCE.read_text())["sets"]["gsm8k"]["per_position_acceptance"]
+    gamma = 2
+    round_ms = (gamma * 0.5 * mla["draft_forward_ms"] + costs["verify_compiled"][GAMMA]
+                + costs["verification"]["exact"] + max(exact["overhead_ms"], 0.0))
+    entry = mla["sets"]["gsm8k"]
+    assert entry["tokens_per_s"][gamma] == pytest.approx((1 + sum(reference[:gamma])) * 1e3 / round_ms)
+    assert entry["best"]["tokens_per_s"] == max(entry["tokens_per_s"].values())
+
+
+def test_a_group_past_the_budget_is_skipped_with_its_command(tmp_path):
+    results = gpu.main(["--target", "tiny", "--draft", "tiny", "--device", "cpu", "--dtype", "float32",
+                        "--compile-backend", "aot_eager", "--compile-mode", "none", "--prompt-length", "8",
+                        "--repeats", "1", "--gammas", "1", "--rules", "exact", "--parts", "compiled,mla",
+                        "--compiled-batch-sizes", "1,4", "--budget-s", "0", "--output-dir", str(tmp_path)])
+    assert [(s["part"], s["batch_size"]) for s in results["skipped"]] == [("compiled", 1), ("compiled", 4), ("mla", 1)]
+    assert "--parts compiled --compiled-batch-sizes 4" in results["skipped"][1]["command"]
+    assert not [r for r in results["live"] if r["compiled"]] and "mla_modeled" not in results
+
+
+def test_the_warmup_part_times_first_calls_from_the_caches(tmp_path):
+    """`--parts warmup`: the first plain and speculative compiled calls of the process (here after a reset, as the
+    suite compiled before), timed with the graphs they compiled (the `eager` backend: dynamo's graphs only)."""
+    results = gpu.main(["--target", "tiny", "--draft", "tiny", "--device", "cpu", "--dtype", "float32",
+                        "--compile-backend", "eager", "--compile-mode", "none", "--prompt-length", "8",
+                        "--new-tokens", "8", "--repeats", "1", "--gammas", "1", "--gamma", "3", "--rules", "exact",
+                        "--parts", "warmup", "--output-dir", str(tmp_path)])
+    entry = results["warmup"]["from_caches"]
+    assert entry["plain"]["graphs_compiled"] >= 1 and entry["speculative"]["graphs_compiled"] >= 3
+    assert entry["ratio"] == pytest.approx(entry["speculative"]["warmup_s"] / entry["plain"]["warmup_s"])
+    assert "## Warm-up (s)" in (tmp_path / "gpu-tiny-float32.md").read_text()
+
+
+def test_always_token_zero_makes_every_draft_right_and_restores_the_weights():
+    model = gpu.random_model("tiny", torch.float32, "cpu", 0)
+    before = model.model.norm.weight.clone()
+    with gpu.always_token_zero(model):
+        logits = model(torch.randint(1, 500, (2, 5))).logits
+        assert torch.equal(logits, torch.zeros_like(logits)) and logits.argmax(-1).eq(0).all()
+    assert torch.equal(model.model.norm.weight, before)
+    with pytest.raises(ValueError, match="model.model.norm.weight"):
+        with gpu.always_token_zero(torch.nn.Linear(2, 2)):
+            pass
 
 
 def test_the_modeled_speed_prices_the_measured_costs_at_the_reference_acceptance(smoke_run):

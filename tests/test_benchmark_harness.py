@@ -617,6 +617,126 @@ def test_rules_that_need_a_pruned_drafter_use_it():
     assert [(m.name, m.uses_pruned_draft) for m in built[2:]] == [("semspec:exact", False), ("semspec:rdk", True)]
 
 
+def test_prompt_lookup_and_drafting_flags_parse_and_refuse_what_would_not_apply():
+    from hf_semspec.ngram import PromptLookup
+
+    assert methods.parse_prompt_lookup(None) is None
+    assert methods.parse_prompt_lookup("6") == PromptLookup(6, 2)  # transformers' n by default
+    assert methods.parse_prompt_lookup("6:4") == PromptLookup(6, 4)
+    assert methods.prompt_lookup_label(PromptLookup(6, 4)) == "6:4"
+    for bad in ("0", "6:0", "129", "6:x", "x", "6:4:2", "-1"):
+        with pytest.raises(ValueError, match=r"--prompt-lookup: got .* expected K\[:N\].*Fix: pass e.g."):
+            methods.parse_prompt_lookup(bad)
+    assert methods.parse_draftings(None) == ("model",)
+    assert methods.parse_draftings("mla, model,lookup") == ("model", "lookup", "mla")  # in DRAFTINGS order
+    for bad in ("model,foo", "lookup,lookup", ""):
+        with pytest.raises(ValueError, match=r"--drafting: got .* subset of \['model', 'lookup', 'mla'\].*Fix"):
+            methods.parse_draftings(bad)
+    with pytest.raises(ValueError, match=r"--drafting model,lookup without --prompt-lookup: lookup draft by .*Fix: "
+                                         r"add --prompt-lookup K\[:N\]"):
+        methods.check_drafting_options(("model", "lookup"), None, None)
+    with pytest.raises(ValueError, match=r"--prompt-lookup 6:2 with --drafting model: no method would draft by"):
+        methods.check_drafting_options(("model",), PromptLookup(6), None)
+    with pytest.raises(ValueError, match=r"--draft-lengths with --drafting model,mla: .*Fix: run .* as two runs"):
+        methods.check_drafting_options(("model", "mla"), PromptLookup(6), methods.parse_draft_lengths("constant:3"))
+    methods.check_drafting_options(("model",), None, methods.parse_draft_lengths("constant:3"))  # as before
+
+
+def test_drafting_multiplies_each_rule_and_sets_the_generate_kwargs():
+    from hf_semspec.ngram import PromptLookup
+
+    pair = tiny_pair("tiny")
+    lookup = PromptLookup(6, 4)
+    built, skipped = methods.build_methods(["exact", "fly", "rdk"], {}, None, False, pair.draft, include_stock=False,
+                                           draftings=("model", "lookup", "mla"), prompt_lookup=lookup)
+    assert [m.name for m in built] == ["plain", "semspec:exact", "semspec:exact+lookup", "semspec:exact+mla",
+                                       "semspec:fly", "semspec:fly+lookup", "semspec:fly+mla"]
+    # rdk: skipped for each drafting, each with its own reason (lookup: it needs its drafter's kernel)
+    assert set(skipped) == {"rdk", "rdk+lookup", "rdk+mla"}
+    assert skipped["rdk+lookup"].startswith("it cannot run by prompt lookup alone: ")
+    assert "prompt lookup has neither" in skipped["rdk+lookup"]
+    by_name = {m.name: m for m in built}
+    exact_gamma = RULES.get("exact").default_num_draft_tokens
+    assert [(by_name[n].drafting, by_name[n].gamma) for n in ("semspec:exact", "semspec:exact+lookup",
+                                                              "semspec:exact+mla")] == [
+        ("model", exact_gamma), ("lookup", None), ("mla", exact_gamma)]  # lookup alone: k is the length
+    model_kwargs = methods.semspec_generate_kwargs(by_name["semspec:fly"], pair)
+    lookup_kwargs = methods.semspec_generate_kwargs(by_name["semspec:fly+lookup"], pair)
+    mla_kwargs = methods.semspec_generate_kwargs(by_name["semspec:fly+mla"], pair)
+    assert model_kwargs["assistant_model"] is pair.draft and "prompt_lookup_num_tokens" not in model_kwargs
+    assert "assistant_model" not in lookup_kwargs  # no draft model at all
+    assert (lookup_kwargs["prompt_lookup_num_tokens"], lookup_kwargs["max_matching_ngram_size"]) == (6, 4)
+    assert lookup_kwargs["num_assistant_tokens"] is None and lookup_kwargs["acceptance"] == "fly"
+    assert mla_kwargs["assistant_model"] is pair.draft
+    assert (mla_kwargs["prompt_lookup_num_tokens"], mla_kwargs["max_matching_ngram_size"]) == (6, 4)
+    assert mla_kwargs["num_assistant_tokens"] == RULES.get("fly").default_num_draft_tokens
+    described = {m.name: m.describe() for m in built}
+    assert (described["semspec:fly+lookup"]["draft"], described["semspec:fly+lookup"]["drafting"]) == ("none", "lookup")
+    assert described["semspec:fly+mla"]["prompt_lookup"] == {"prompt_lookup_num_tokens": 6,
+                                                             "max_matching_ngram_size": 4}
+    assert described["semspec:fly"]["prompt_lookup"] is None and described["plain"]["drafting"] is None
+    # --num-assistant-tokens is every method's length, prompt lookup alone's too (k still caps its rounds)
+    built, _ = methods.build_methods(["exact"], {}, 3, False, pair.draft, include_stock=False,
+                                     draftings=("lookup",), prompt_lookup=lookup)
+    assert [(m.name, m.gamma) for m in built] == [("plain", None), ("semspec:exact+lookup", 3)]
+    with pytest.raises(ValueError, match=r"--drafting lookup without --prompt-lookup"):
+        methods.build_methods(["exact"], {}, None, False, pair.draft, draftings=("lookup",))
+
+
+def test_acceptance_records_carry_every_drafting_count():
+    from hf_semspec.stats import AcceptanceStats
+
+    stats = AcceptanceStats()
+    stats.record_round(4, 2, 3, num_draft_forwards=0, ngram_hit=True)
+    stats.record_round(0, 0, 1)
+    record = methods.acceptance_record(stats)
+    assert (record["num_draft_forwards"], record["num_ngram_hits"], record["draft_forwards_per_drafted_token"]) == (
+        0, 1, 0.0)
+    assert record["num_ngram_drafts"] == 0
+    assert methods.acceptance_record(None) is None
+    # drafts confirmed from an n-gram (multi-level drafting)
+    assert methods.acceptance_record(AcceptanceStats(num_drafted=8, num_ngram_drafts=5))["num_ngram_drafts"] == 5
+    # Summed over a method's records, a count missing from a record (an older file) read as 0.
+    records = [{"acceptance_stats": {"num_drafted": 8, "num_target_forwards": 4, "num_row_forwards": 4,
+                                     "num_draft_forwards": 2, "num_ngram_hits": 3, "num_ngram_drafts": 6},
+                "draft_forwards": 3},
+               {"acceptance_stats": {"num_drafted": 2, "num_target_forwards": 6, "num_draft_forwards": 2},
+                "draft_forwards": 3},
+               {"acceptance_stats": None, "draft_forwards": 0}]
+    assert metrics.drafting_summary(records) == {
+        "num_drafted": 10, "num_row_forwards": 10, "num_draft_forwards": 4, "num_ngram_hits": 3, "num_ngram_drafts": 6,
+        "draft_forwards_per_drafted_token": 0.4, "ngram_hit_rate": 0.3, "ngram_draft_share": 0.6,
+        "draft_model_forwards": 6}
+    assert metrics.drafting_summary(records[2:]) is None
+
+
+def test_the_cost_model_leaves_out_prompt_lookup_generations():
+    timings = []
+    for p in range(4):
+        for k, (forwards, drafts) in enumerate([(10, 20), (14, 12), (20, 5)]):
+            timings.append(_generation(f"p{p}", "qa", f"m{k}", forwards, drafts, 0.5 + 0.1 * p + 0.2 * forwards
+                                       + 0.05 * drafts))
+    fitted = metrics.fit_round_costs(timings)
+    lookup = [{**_generation(f"p{p}", "qa", "m+lookup", 9, 0, 99.0), "drafting": "lookup"} for p in range(4)]
+    with_lookup = metrics.fit_round_costs(timings + lookup)  # not on the line a·F + b·D: left out
+    assert with_lookup["generations"] == fitted["generations"] == 12
+    assert with_lookup["seconds_per_target_forward"] == pytest.approx(0.2)
+    assert with_lookup["seconds_per_draft_forward"] == pytest.approx(0.05)
+
+
+def test_run_refuses_drafting_without_prompt_lookup_before_loading_models(tmp_path, capsys):
+    write_tiny_data(tmp_path / "data")
+    never = lambda *a, **k: pytest.fail("models loaded before the options were checked")  # noqa: E731
+    common = ["--data-dir", str(tmp_path / "data"), "--output-dir", str(tmp_path / "out"), "--gsm8k", "0"]
+    with pytest.raises(ValueError, match=r"--drafting model,mla without --prompt-lookup"):
+        run.main(common + ["--drafting", "model,mla"], load_pair=never)
+    with pytest.raises(ValueError, match=r"--prompt-lookup 6:4 with --drafting model: no method would draft"):
+        run.main(common + ["--prompt-lookup", "6:4"], load_pair=never)
+    with pytest.raises(SystemExit):
+        run.build_parser().parse_args(["--prompt-lookup", "0:2"])
+    assert "argument --prompt-lookup: got '0:2'; expected K[:N]" in capsys.readouterr().err
+
+
 # ---------------------------------------------------------------------------------------------------------------------
 # End to end on tiny models
 # ---------------------------------------------------------------------------------------------------------------------
@@ -753,6 +873,97 @@ def test_report_names_the_pruned_drafter_the_rdk_rows_used(tiny_run):
     with_pruned = {**results, "models": {**results["models"], "pruned_drafter": {
         "path": "/cache/pruned_drafters/draft-keep0.25-abc", "keep_size": 37984, "vocab_size": 151936}}}
     assert "ran with `draft-keep0.25-abc`: 37,984 of 151,936 tokens kept" in report.render_markdown(with_pruned)
+
+
+@pytest.fixture(scope="module")
+def lookup_run(tmp_path_factory):
+    """A tiny run drafting with the draft model and by prompt lookup alone, interleaved."""
+    folder = tmp_path_factory.mktemp("lookup")
+    write_tiny_data(folder / "data")
+    argv = ["--profile", "quick", "--data-dir", str(folder / "data"), "--output-dir", str(folder / "out"),
+            "--max-new-tokens", "16", "--gsm8k", "1", "--gsm8k-max-new-tokens", "16", "--threads", "1",
+            "--rules", "exact,fly,rdk", "--drafting", "model,lookup", "--prompt-lookup", "4:2", "--skip-stock",
+            "--name", "lookup"]
+    with thread_count_kept():
+        yield run.main(argv, load_pair=tiny_pair), folder / "out"
+
+
+def test_end_to_end_prompt_lookup_methods_record_their_drafting(lookup_run):
+    results, out = lookup_run
+    names = [m["name"] for m in results["methods"]]
+    assert names == ["plain", "semspec:exact", "semspec:exact+lookup", "semspec:fly", "semspec:fly+lookup"]
+    assert set(results["skipped_rules"]) == {"rdk", "rdk+lookup"}  # rdk+lookup: with its reason, not silently
+    assert "prompt lookup alone" in results["skipped_rules"]["rdk+lookup"]
+    assert len(results["records"]) == 3 * len(names)
+    # Methods interleaved per prompt: the order rotates from prompt to prompt.
+    firsts = [next(r["method"] for r in results["records"] if r["prompt_id"] == p and r["order"] == 0)
+              for p in results["selection"]["prompt_ids"]]
+    assert firsts == names[:3]
+    for r in results["records"]:
+        if r["method"] == "plain":
+            assert r["acceptance_stats"] is None and r["drafting"] is None
+            continue
+        stats = r["acceptance_stats"]
+        for name in ("num_draft_forwards", "num_ngram_hits", "num_ngram_drafts", "draft_forwards_per_drafted_token"):
+            assert name in stats
+        # the same counters for every method: the hook's forwards and the one token counter
+        assert r["target_forwards"] == stats["num_target_forwards"] and r["new_tokens"] == stats["num_new_tokens"]
+        if r["drafting"] == "lookup":
+            assert r["draft_forwards"] == 0 and stats["num_draft_forwards"] == 0 and stats["num_ngram_drafts"] == 0
+            assert stats["draft_forwards_per_drafted_token"] == 0.0
+        else:
+            assert r["drafting"] == "model" and stats["num_ngram_hits"] == 0
+            assert stats["draft_forwards_per_drafted_token"] == 1.0
+    overall = results["aggregates"]["overall"]
+    assert overall["semspec:exact+lookup"]["identical_to_plain"] == 1.0  # lossless: plain greedy's text
+    for name in ("semspec:exact+lookup", "semspec:fly+lookup"):
+        drafting = overall[name]["drafting"]
+        assert drafting["num_ngram_hits"] > 0 and drafting["draft_forwards_per_drafted_token"] == 0.0
+        assert drafting["ngram_hit_rate"] == drafting["num_ngram_hits"] / drafting["num_row_forwards"]
+    assert overall["plain"]["drafting"] is None
+    described = {m["name"]: m for m in results["methods"]}
+    assert described["semspec:exact+lookup"]["prompt_lookup"] == {"prompt_lookup_num_tokens": 4,
+                                                                  "max_matching_ngram_size": 2}
+    saved = json.loads((out / "lookup.json").read_text())
+    assert saved["records"][1]["acceptance_stats"]["num_ngram_drafts"] == 0
+
+
+def test_report_gives_the_drafting_columns_and_section_where_methods_draft_by_lookup(lookup_run, tiny_run):
+    results, out = lookup_run
+    text = (out / "lookup.md").read_text()
+    assert headings_joined_to_the_line_above(text) == []
+    overall = text.split("## Overall", 1)[1].split("\n## ", 1)[0]
+    assert "| draft fwd/drafted | n-gram hits |" in overall
+    hits = results["aggregates"]["overall"]["semspec:exact+lookup"]["drafting"]
+    assert (f"| `semspec:exact+lookup` | 4 (" in overall
+            and f"| 0.00 | {hits['ngram_hit_rate']:.2f} ({hits['num_ngram_hits']}/{hits['num_row_forwards']}) |"
+            in overall)
+    assert "| `semspec:exact` | 5 (" in overall and overall.split("| `semspec:exact` |")[1].split("\n")[0].endswith(
+        "| 1.00 | - |")
+    assert "- Skipped rule `rdk+lookup`: it cannot run by prompt lookup alone" in text
+    section = text.split("## Drafting by prompt lookup", 1)[1].split("\n## ", 1)[0]
+    assert "k = 4 tokens per round, n-grams up to 2 tokens" in section
+    assert section.count("\n| `semspec:") == 2  # the lookup methods only
+    # A multi-level drafting method (as MLA will record it): the same records, drafts confirmed from n-grams.
+    mla = [{**r, "method": r["method"].replace("+lookup", "+mla"), "drafting": "mla", "draft_forwards": 2,
+            "acceptance_stats": {**r["acceptance_stats"], "num_draft_forwards": 2, "num_ngram_drafts": 3}}
+           for r in results["records"] if r["method"] == "semspec:exact+lookup"]
+    methods_described = results["methods"] + [{**m, "name": "semspec:exact+mla", "drafting": "mla", "draft": "draft"}
+                                              for m in results["methods"] if m["name"] == "semspec:exact+lookup"]
+    records = results["records"] + mla
+    metrics.add_per_prompt_ratios(records)
+    names = [m["name"] for m in methods_described]
+    with_mla = {**results, "methods": methods_described, "records": records,
+                "aggregates": {**results["aggregates"], **metrics.aggregate(records, names)}}
+    drafting = with_mla["aggregates"]["overall"]["semspec:exact+mla"]["drafting"]
+    assert drafting["num_ngram_drafts"] == 9 and drafting["num_draft_forwards"] == 6
+    section = report.render_markdown(with_mla).split("## Drafting by prompt lookup", 1)[1].split("\n## ", 1)[0]
+    row = next(line for line in section.splitlines() if line.startswith("| `semspec:exact+mla` |"))
+    assert f"| mla | {6 / drafting['num_drafted']:.2f} |" in row
+    assert f"| {9 / drafting['num_drafted']:.2f} | 6 |" in row
+    # A run without prompt lookup has neither (the earlier reports unchanged).
+    plain_text = report.render_markdown(tiny_run[0])
+    assert "draft fwd/drafted" not in plain_text and "## Drafting by prompt lookup" not in plain_text
 
 
 def test_a_failing_generation_fails_the_run(tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from dataclasses import fields
 
 import pytest
 import torch
-from conftest import EOS, prompt, tiny_tokenizer
+from conftest import EOS, prompt, tiny_llama, tiny_tokenizer
 
 import hf_semspec
 from hf_semspec.compare import (
@@ -186,6 +186,7 @@ def test_bad_arguments_fail_before_any_decoding(target, close_draft):
 ROW_TYPES = {
     "name": str, "rule": str, "options": dict, "lossless": bool, "prompts": int, "new_tokens": int, "seconds": float,
     "tokens_per_s": float, "speedup": float, "speedup_ci95": list, "tau": float, "acceptance_rate": float,
+    "draft_forwards_per_drafted_token": float, "ngram_hit_rate": (float, type(None)),
     "identical_share": float, "mean_first_divergence": (float, type(None)), "nll": float, "nll_increase": float,
     "nll_increase_ci95": list, "score_mean": float, "score_wins": int, "score_losses": int, "score_ties": int,
     "per_prompt": list,
@@ -228,6 +229,52 @@ def test_every_field_of_the_report_is_present_and_typed(target, close_draft):
         assert f"| {column} |" in header
     assert markdown.count("\n| `") == 2 and "| `ears@beta=1.0` | no |" in markdown
     assert "- NLL increase:" in markdown and "- score:" in markdown  # the legend
+    # Drafted by the draft model token by token: one forward per draft; no prompt lookup, so no n-gram columns.
+    assert all(row["draft_forwards_per_drafted_token"] == 1.0 and row["ngram_hit_rate"] is None
+               for row in data["configurations"])
+    assert "n-gram hits" not in markdown
+
+
+# --- prompt lookup: alone (no draft) and with a draft (multi-level drafting) ---------------------------------------
+
+
+def repetitive_prompt(seed: int) -> torch.Tensor:
+    """A prompt that repeats itself: prompt lookup finds n-grams in it from the first round."""
+    return torch.cat([prompt(6, seed=seed)] * 3, dim=1)
+
+
+def test_prompt_lookup_alone_needs_no_draft_and_exact_stays_plain_greedy(target):
+    prompts = [repetitive_prompt(s) for s in range(2)]
+    report = hf_semspec.compare(target, None, prompts, rules=["fly"], prompt_lookup_num_tokens=4,
+                                max_matching_ngram_size=2, **QUICK)
+    assert report.generate_kwargs == {"prompt_lookup_num_tokens": 4, "max_matching_ngram_size": 2,
+                                      "max_new_tokens": 12}
+    exact = report["exact"]
+    for result, ids in zip(exact.per_prompt, prompts):
+        assert result.new_token_ids == greedy_new_ids(target, ids)  # lossless with prompt-lookup drafts too
+    for row in report.configurations:
+        assert row.draft_forwards_per_drafted_token == 0.0  # no draft model ran
+        assert 0.0 < row.ngram_hit_rate <= 1.0
+    markdown = report.to_markdown()
+    assert "| draft fwd/drafted | n-gram hits |" in markdown.splitlines()[0]
+    assert "- draft fwd/drafted:" in markdown
+    with pytest.raises(SemSpecConfigError, match=r"`draft` = None is not valid: allowed a draft model, or None "
+                                                 r"together with prompt_lookup_num_tokens.*Fix"):
+        hf_semspec.compare(target, None, prompts, rules=["fly"], **QUICK)
+
+
+def test_prompt_lookup_with_a_draft_drafts_multi_level(target):
+    """Multi-level drafting: the draft (the target's copy, which confirms candidates on repetitive text) drafts in
+    fewer forwards than drafted tokens, and `exact` stays plain greedy."""
+    draft = type(target)(target.config).eval()
+    draft.load_state_dict(target.state_dict())
+    prompts = [repetitive_prompt(s) for s in range(2)]
+    report = hf_semspec.compare(target, draft, prompts, rules=["fly"], prompt_lookup_num_tokens=4,
+                                max_matching_ngram_size=2, **QUICK)
+    for result, ids in zip(report["exact"].per_prompt, prompts):
+        assert result.new_token_ids == greedy_new_ids(target, ids)
+    for row in report.configurations:
+        assert 0.0 < row.draft_forwards_per_drafted_token < 1.0
 
 
 # --- the command line ---------------------------------------------------------------------------------------------
@@ -288,3 +335,23 @@ def test_the_cli_refuses_a_bad_variant_before_loading_a_model(tmp_path, capsys):
               "--prompts", str(tmp_path / "prompts.txt"), "--rules", "exact,fly@windw=4"])
     assert stopped.value.code == 2
     assert "`rules` entry 'fly@windw=4'" in capsys.readouterr().err
+
+
+def test_the_cli_drafts_by_prompt_lookup_without_a_draft(saved_pair, tmp_path, capsys):
+    (tmp_path / "prompts.jsonl").write_text('{"input_ids": [5, 9, 20, 5, 9, 20, 5, 9]}\n{"input_ids": [7, 8, 7, 8]}\n')
+    common = ["--target", str(saved_pair / "target"), "--prompts", str(tmp_path / "prompts.jsonl"),
+              "--max-new-tokens", "8", "--repeats", "1", "--no-progress", "--device", "cpu"]
+    assert main(common + ["--rules", "exact,fly", "--prompt-lookup", "3:2", "--output", str(tmp_path / "r.json")]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads((tmp_path / "r.json").read_text())
+    assert data["generate_kwargs"] == {"max_new_tokens": 8, "do_sample": False, "prompt_lookup_num_tokens": 3,
+                                       "max_matching_ngram_size": 2}
+    assert all(row["draft_forwards_per_drafted_token"] == 0.0 and row["ngram_hit_rate"] is not None
+               for row in data["configurations"])
+    assert "draft fwd/drafted" in printed
+    for argv, message in ((common, "--draft is missing"),
+                          (common + ["--prompt-lookup", "0"], "argument --prompt-lookup: got '0'; expected K[:N]"),
+                          (common + ["--prompt-lookup", "6:x"], "argument --prompt-lookup: got '6:x'")):
+        with pytest.raises(SystemExit) as stopped:
+            main(argv)
+        assert stopped.value.code == 2 and message in capsys.readouterr().err

@@ -106,7 +106,7 @@ def test_the_drafter_pads_rows_that_found_fewer_and_reports_their_counts():
         assert batch.ids[:, 6 : 6 + gamma].tolist() == block.tokens.tolist()  # written into the round's slots
     # the loop hands over each row's new tokens: row 2, 1 2 0, now ends with a repeat of its 2
     drafter.append_tokens(2, [2])
-    assert drafter.indexes[2].lookup(5) == [0, 2]
+    assert drafter.contexts.indexes[2].lookup(5) == [0, 2]
     # no row found anything: no drafts at all (a round of plain decoding), even with fixed_length
     lonely = NgramDrafter(ids[2:], mask[2:], PromptLookup(5), return_probs=False, vocab_size=16,
                           output_device=ids.device, fixed_length=True)
@@ -334,25 +334,15 @@ def test_an_ngram_size_without_lookup_tokens_is_refused(no_forward, close_draft)
             no_forward.generate(REPEATING, acceptance="exact", max_matching_ngram_size=3, max_new_tokens=4, **extra)
 
 
-def test_prompt_lookup_together_with_a_draft_model_is_refused(no_forward, close_draft):
-    """Multi-level drafting (a draft model and prompt lookup) is not built yet: the error says where k came from."""
-    message = (r"`{}` = 3 is not valid: allowed None together with assistant_model .*Fix: drop assistant_model for "
-               r"prompt-lookup drafts; multi-level drafting with both is not supported yet")
-    with pytest.raises(SemSpecConfigError, match=message.format("prompt_lookup_num_tokens")):
-        no_forward.generate(REPEATING, assistant_model=close_draft, acceptance="exact", prompt_lookup_num_tokens=3)
-    config = GenerationConfig(prompt_lookup_num_tokens=3, max_new_tokens=4)
-    with pytest.raises(SemSpecConfigError, match=message.format(r"generation_config\.prompt_lookup_num_tokens")):
-        no_forward.generate(REPEATING, assistant_model=close_draft, acceptance="exact", generation_config=config)
-
-
-def test_a_models_lookup_setting_with_a_draft_model_is_refused_unless_turned_off(close_draft):
+def test_a_models_lookup_setting_with_a_draft_model_drafts_multi_level_unless_turned_off(close_draft):
     model = hf_semspec.attach(tiny_llama(seed=0))
     model.generation_config.prompt_lookup_num_tokens = 3
-    with pytest.raises(SemSpecConfigError, match=r"`model\.generation_config\.prompt_lookup_num_tokens` = 3 is not "
-                                                 r"valid: allowed None together with assistant_model .*Fix: drop "
-                                                 r"assistant_model for prompt-lookup drafts; multi-level drafting"):
-        model.generate(REPEATING, assistant_model=close_draft, acceptance="exact", max_new_tokens=4)
-    # turned off for the call: the draft model drafts
+    out = model.generate(REPEATING, assistant_model=close_draft, acceptance="exact", max_new_tokens=40,
+                         return_dict_in_generate=True)
+    stats = out.acceptance_stats
+    assert 0 < stats.num_draft_forwards < stats.num_drafted and stats.num_ngram_drafts > 0
+    # turned off for the call: the draft model drafts alone
     out = model.generate(REPEATING, assistant_model=close_draft, acceptance="exact", prompt_lookup_num_tokens=None,
                          max_new_tokens=8, return_dict_in_generate=True)
-    assert out.acceptance_stats.num_draft_forwards > 0 and out.acceptance_stats.num_ngram_hits == 0
+    stats = out.acceptance_stats
+    assert stats.num_draft_forwards == stats.num_drafted > 0 and stats.num_ngram_hits == stats.num_ngram_drafts == 0

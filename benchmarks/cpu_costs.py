@@ -7,7 +7,8 @@ Each configuration runs in a child process of its own, since MKL reads `MKL_CBWR
 - target (Qwen2.5-Coder-1.5B): fp32 with `MKL_CBWR=AUTO`, fp32 with it unset, bf16 with `AUTO`. Median seconds of a
   decode step (one new token) and of forwards over 6 and 16 new tokens (the verify of 5 and 15 drafts), each over
   the cache of a prompt of `--cached-tokens` tokens, cropped back after each forward as decoding does.
-- draft (Qwen2.5-Coder-0.5B): fp32 and bf16 with `AUTO`. Median seconds of a decode step, of the prefill of a
+- draft (Qwen2.5-Coder-0.5B): fp32 and bf16 with `AUTO`. Median seconds of a decode step, of forwards over 5 and 7
+  new tokens (multi-level drafting's forward over its last token and k = 4 or 6 n-gram candidates), of the prefill of a
   prompt of `--prefill-tokens` tokens into an empty cache (logits of the last position only, as the decoding loop
   asks for them), and of what a per-token draft-length policy adds to a draft step: the entropy of q over the whole
   vocabulary, read back to the host (`_entropy.entropy(q).max().item()`, the largest over the batch's rows).
@@ -43,6 +44,7 @@ RESULTS_DIR = data.REPO_ROOT / "benchmarks" / "results"
 ISA_LIMITS = {"avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}}
 CPU_FLAGS = ("avx2", "avx512f", "avx512_bf16", "amx_bf16")
 VERIFY_TOKENS = (1, 6, 16)  # a decode step; the verify of 5 and of 15 drafts
+DRAFT_TOKENS = (1, 5, 7)  # a draft step; multi-level drafting's forward over 1 + k tokens, k = 4 and 6
 # (role, dtype, MKL_CBWR): None leaves the variable unset, MKL's own choice
 CONFIGURATIONS = (
     ("target", "float32", "AUTO"),
@@ -80,7 +82,7 @@ def measure_in_this_process(role: str, dtype: str, cached_tokens: int, prefill_t
     name = REFERENCE_PAIR[0] if role == "target" else REFERENCE_PAIR[1]
     model, _ = load_model(name, dtype=DTYPES[dtype])
     ids = _prompt_ids(max(cached_tokens, prefill_tokens), data_dir)
-    forwards: dict[int, list[float]] = {n: [] for n in VERIFY_TOKENS if role == "target" or n == 1}
+    forwards: dict[int, list[float]] = {n: [] for n in (VERIFY_TOKENS if role == "target" else DRAFT_TOKENS)}
     prefills: list[float] = []
     entropy_reads: list[float] = []
     with torch.inference_mode():
@@ -144,18 +146,19 @@ def report(measured: list[dict], args: argparse.Namespace, flags: list[str]) -> 
              f"{args.prefill_tokens} tokens into an empty cache. Medians; \"/ step\" is the ratio to the decode step "
              "(1 new token) of the same process.", ""]
     rows = []
+    widths = sorted({int(n) for entry in measured for n in entry["forward_seconds"]} - {1})
     for entry in measured:
         medians = {int(n): statistics.median(s) for n, s in entry["forward_seconds"].items()}
         step = medians[1]
         row = [entry["role"], entry["dtype"], entry["mkl_cbwr"] or "unset", f"{step * 1000:.0f} ms"]
-        for n in VERIFY_TOKENS[1:]:
+        for n in widths:
             row.append(f"{medians[n] * 1000:.0f} ms ({medians[n] / step:.2f}×)" if n in medians else "—")
         prefill, reads = entry["prefill_seconds"], entry["entropy_seconds"]
         row.append(f"{statistics.median(prefill) * 1000:.0f} ms" if prefill else "—")
         row.append(f"{statistics.median(reads) * 1000:.2f} ms ({statistics.median(reads) / step:.1%})" if reads else "—")
         rows.append(row)
     lines += markdown.table(["model", "dtype", "MKL_CBWR", "decode step"]
-                            + [f"forward over {n} tokens (/ step)" for n in VERIFY_TOKENS[1:]]
+                            + [f"forward over {n} tokens (/ step)" for n in widths]
                             + [f"prefill of {args.prefill_tokens} tokens", "entropy of q, read (/ step)"], rows)
     return lines
 
@@ -169,6 +172,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--data-dir", type=Path, default=data.DEFAULT_DATA_DIR)
     parser.add_argument("--isa", choices=("native", "avx2"), default="native",
                         help="limit torch's, oneDNN's and MKL's kernels to AVX2 (default: what the CPU has)")
+    parser.add_argument("--roles", default="target,draft",
+                        help="which models to time, target and/or draft (default both)")
+    parser.add_argument("--output-dir", type=Path, default=RESULTS_DIR, help="default: benchmarks/results/")
     parser.add_argument("--name", default="cpu-costs")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)  # internal: one configuration, as JSON
     args = parser.parse_args(argv)
@@ -183,8 +189,11 @@ def main(argv: list[str] | None = None) -> dict:
     if args.cached_tokens < max(VERIFY_TOKENS):
         parser.error(f"--cached-tokens {args.cached_tokens}: the {max(VERIFY_TOKENS)}-token forward re-reads the "
                      f"cache's last tokens; give at least {max(VERIFY_TOKENS)}")
+    roles = [r for r in args.roles.split(",") if r]
+    if not roles or set(roles) - {"target", "draft"}:
+        parser.error(f"--roles {args.roles!r}: give target, draft or target,draft")
     measured = []
-    for configuration in CONFIGURATIONS:
+    for configuration in (c for c in CONFIGURATIONS if c[0] in roles):
         print(f"measuring {configuration} ...", flush=True)
         entry = run_child(configuration, args)
         entry.update(role=configuration[0], dtype=configuration[1], mkl_cbwr=configuration[2])
@@ -193,10 +202,10 @@ def main(argv: list[str] | None = None) -> dict:
     summary = {"threads": args.threads, "repeats": args.repeats, "cached_tokens": args.cached_tokens,
                "prefill_tokens": args.prefill_tokens, "isa": args.isa, "cpu_flags": flags,
                "environment": ISA_LIMITS.get(args.isa, {}), "configurations": measured}
-    RESULTS_DIR.mkdir(exist_ok=True)
-    markdown.write_json(RESULTS_DIR / f"{args.name}.json", summary)
+    args.output_dir.mkdir(parents=True, exist_ok=True)
+    markdown.write_json(args.output_dir / f"{args.name}.json", summary)
     lines = report(measured, args, flags)
-    (RESULTS_DIR / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (args.output_dir / f"{args.name}.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("\n".join(lines))
     return summary
 

@@ -68,7 +68,7 @@ import torch  # noqa: E402
 from transformers import CompileConfig, DynamicCache, Qwen2Config, Qwen2ForCausalLM, StaticCache  # noqa: E402
 
 import hf_semspec  # noqa: E402
-from benchmarks import markdown, report  # noqa: E402
+from benchmarks import markdown, profiling, report  # noqa: E402
 from hf_semspec._transformers_compat import CACHE_ARGUMENT, rewind_cache  # noqa: E402
 from hf_semspec.model_calls import CachedModel  # noqa: E402
 from hf_semspec.rules import RULES, VerificationInput  # noqa: E402
@@ -148,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--load-compile-cache", type=Path, default=None,
                         help="load torch's compile caches from this file first (torch.compiler.load_cache_artifacts)")
     parser.add_argument("--acceptance", type=Path, default=DEFAULT_ACCEPTANCE)
-    parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results")
+    parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "gpu")
     parser.add_argument("--name", default=None, help="results name (default gpu-<target>-<dtype>)")
     parser.add_argument("--seed", type=int, default=0)
     return parser
@@ -455,6 +455,43 @@ def host_overhead(record: dict, times: ForwardTimes, verification_ms: float) -> 
     return record
 
 
+HOST_RANGES = profiling.RANGES + ("hf_semspec.sync",)
+
+
+def host_breakdown(target, draft, args, new_tokens: int) -> dict:
+    """Where a compiled round's host time goes: one more batch-1 `exact` call (its graphs compiled already) under
+    torch.profiler, host activity only. Per round, the host milliseconds inside each of the loop's named ranges
+    (`draft`, `target_forward`, `logits_processors`, `verify`, and `sync`, the round's one read, where the host
+    waits for the device) and `rest`, the wall time outside them (the loop's Python: settling rows, statistics,
+    the batch's bookkeeping). On a GPU the ranges other than `sync` are launch and Python time (the device runs
+    behind them), so `rest` plus the ranges but `sync` is the host work a host-free round would remove."""
+    from torch.profiler import ProfilerActivity, profile
+
+    prompt = torch.randint(1, TOKENIZER_SIZES[args.target], (1, args.prompt_length),
+                           generator=torch.Generator().manual_seed(args.seed * 1000 + 1)).to(args.device)
+    kwargs = dict(assistant_model=draft, acceptance="exact", num_assistant_tokens=args.gamma, do_sample=False,
+                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, cache_implementation="static",
+                  compile_config=compile_config(args), tokenizer=TokenizerOfSize(TOKENIZER_SIZES[args.target]),
+                  return_dict_in_generate=True)
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        started = time.perf_counter()
+        out = target.generate(prompt, **kwargs)
+        if torch.device(args.device).type == "cuda":
+            torch.cuda.synchronize(args.device)
+        wall_ms = (time.perf_counter() - started) * 1e3
+    totals = {name: 0.0 for name in HOST_RANGES}
+    raw = getattr(getattr(prof, "profiler", None), "kineto_results", None)  # (fast: see profiling.range_totals_us)
+    for name, ms in (((e.name(), e.duration_ns() / 1e6) for e in raw.events()) if raw is not None else
+                     ((e.name, e.cpu_time_total / 1e3) for e in prof.events())):
+        if name in totals:
+            totals[name] += ms
+    rounds = out.acceptance_stats.num_target_forwards
+    per_round = {name.split(".", 1)[1]: ms / rounds for name, ms in totals.items()}
+    per_round["rest"] = max(0.0, wall_ms / rounds - sum(per_round.values()))
+    return {"rounds": rounds, "wall_ms_per_round": wall_ms / rounds, "ms_per_round": per_round,
+            "note": "host ms per round under the profiler (which adds its own overhead); see host_breakdown()"}
+
+
 def graph_plan(args, rules: list[str], parts: list[str]) -> list[dict]:
     """The distinct graphs the compiled parts compile, one per model and input shape `(batch, new tokens)`: at each
     batch size of `--compiled-batch-sizes`, plain decoding's step (the target, 1 token), the verify forward (the
@@ -670,6 +707,13 @@ def render(results: dict) -> str:
             lines.append(f"- From the caches ({how}, {caches['cache_files_before']} files in {caches['cache_dir']}): "
                          f"the speculative first call took {caches['ratio']:.2f}× plain's.")
         lines.append("")
+    host = results.get("host_breakdown")
+    if host:
+        lines += ["## Host time of a compiled round (batch 1, `exact`, under the profiler)", ""]
+        lines += markdown.table(["range", "host ms / round"],
+                                [[f"`{name}`", f"{ms:.2f}"] for name, ms in host["ms_per_round"].items()]) + [""]
+        lines += [f"- {host['rounds']} rounds, {host['wall_ms_per_round']:.2f} ms a round. `sync` is the round's one "
+                  "read (the host waits for the device there); the other ranges and `rest` are host work.", ""]
     mla = results.get("mla_modeled")
     if mla:
         lines += ["## Multi-level drafting (modeled)", "",
@@ -876,6 +920,7 @@ def main(argv: list[str] | None = None) -> dict:
                     warmup["plain"] = first_call(plain_record)
                     warmup["speculative"] = first_call(record)
                     warmup["ratio"] = record["first_call_s"] / plain_record["first_call_s"]
+                    results["host_breakdown"] = host_breakdown(target, independent, args, tokens)
                 write(args, results)
             with always_token_zero(target, independent):
                 add({**live(target, None, args, timer, "plain", alpha="1", **common)})

@@ -54,10 +54,11 @@ class DecodingBatch:
         self.ids[:, :length] = input_ids
         self.mask = input_ids.new_zeros(batch_size, self.ids.shape[1])
         self.mask[:, :length] = 1 if attention_mask is None else attention_mask.to(device=device, dtype=torch.long)
-        # Whether any slot is masked: then the models get the 2D mask and positions come from it. A mask of ones (what
-        # generate() passes for prompts without padding) masks nothing: the forwards go without one, as transformers'
-        # own decoding does once it sees no padding (an eager forward would read a passed mask back every time).
-        self.masked = attention_mask is not None and not bool(attention_mask.all())
+        # Whether any slot is masked: then the models get the 2D mask and positions come from it. One prompt with a
+        # mask of ones (what generate() passes without padding) never needs one: its forwards go without it (an eager
+        # forward would read a passed mask back every time). A batch keeps it: its first hole would need the mask,
+        # and a compiled forward would compile again mid-call for it.
+        self.masked = attention_mask is not None and (batch_size > 1 or not bool(attention_mask.all()))
         self.num_slots = length
         self.tokens = input_ids.new_zeros(batch_size, max(token_capacity, length))
         self.tokens[:, :length] = input_ids

@@ -239,8 +239,9 @@ class ConfigurationResult:
         draft_forwards_per_drafted_token (`float`): the draft model's forwards per draft token (pooled): 1 drafting
             token by token, 0 by prompt lookup alone (`draft=None`), below 1 where multi-level drafting (a draft and
             `prompt_lookup_num_tokens`) confirms n-gram candidates in fewer forwards.
-        ngram_hit_rate (`float`): with `prompt_lookup_num_tokens`, the rounds whose prompt lookup found drafts per
-            round (pooled); None without prompt lookup.
+        ngram_hit_rate (`float`): with `prompt_lookup_num_tokens` (pooled; None without it): by prompt lookup alone,
+            the rounds whose lookup found drafts per round; with a draft (multi-level drafting), the drafts that were
+            n-gram candidates the draft confirmed per drafted token.
         identical_share (`float`): the share of prompts whose new tokens are `exact`'s.
         mean_first_divergence (`float`): over the prompts that differ, the mean index of the first differing token.
         nll (`float`): the mean over prompts of the target's per-token negative log-likelihood of the output (nats).
@@ -646,7 +647,10 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
     forwards, drafted = sum(s.num_target_forwards for s in first_stats), sum(s.num_drafted for s in first_stats)
     draft_forwards = sum(getattr(s, "num_draft_forwards", 0) for s in first_stats)
     rounds = sum(getattr(s, "num_row_forwards", None) or s.num_target_forwards for s in first_stats)
-    hits = sum(getattr(s, "num_ngram_hits", 0) for s in first_stats)
+    if draft_forwards:  # multi-level drafting: the drafts taken from confirmed candidates
+        hits, per = sum(s.num_ngram_drafts for s in first_stats), drafted
+    else:  # prompt lookup alone: the rounds whose lookup found drafts
+        hits, per = sum(s.num_ngram_hits for s in first_stats), rounds
     speedup, speedup_ci95 = geometric_mean_interval([p.speedup for p in per_prompt if p.speedup is not None])
     nll_increase, nll_increase_ci95 = mean_interval([p.nll_increase for p in per_prompt if p.nll_increase is not None])
     divergences = [p.first_divergence for p in per_prompt if p.first_divergence is not None]
@@ -661,7 +665,7 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
         tau=sum(s.num_new_tokens for s in first_stats) / forwards if forwards else 0.0,
         acceptance_rate=sum(s.num_accepted for s in first_stats) / drafted if drafted else 0.0,
         draft_forwards_per_drafted_token=draft_forwards / drafted if drafted else 0.0,
-        ngram_hit_rate=(hits / rounds if rounds else 0.0) if lookup else None,
+        ngram_hit_rate=(hits / per if per else 0.0) if lookup else None,
         identical_share=sum(p.identical for p in per_prompt) / len(per_prompt),
         mean_first_divergence=statistics.fmean(divergences) if divergences else None,
         nll=mean_interval([p.nll for p in per_prompt if p.nll is not None])[0],

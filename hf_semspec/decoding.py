@@ -438,7 +438,8 @@ def speculative_decode(
         #    passed the rule's own test, when the rule has a deferred window); each row is cut at EOS, max_length and
         #    other stopping criteria (`settle_row`), then the policy learns from the round.
         matched = [] if result.num_matched is None else [result.num_matched]
-        synced = torch.cat([result.num_accepted, result.next_token, *matched, draft.tokens.flatten()]).tolist()
+        with record_function("hf_semspec.sync"):  # (on a GPU: where the host waits for the round's device work)
+            synced = torch.cat([result.num_accepted, result.next_token, *matched, draft.tokens.flatten()]).tolist()
         size = batch.size
         accepted, next_tokens = synced[:size], synced[size : 2 * size]
         num_matched = synced[2 * size : 3 * size] if matched else [None] * size
@@ -681,7 +682,7 @@ class _Loop:
         ends = eos_at is not None or stop_at is not None or length + keep >= self.max_length
         record.stats.record_round(usable, accepted, keep, num_draft_forwards=draft.num_forwards,
                                   ngram_hit=draft.num_per_row is not None and usable > 0,
-                                  num_ngram_drafts=min(draft.num_ngram_drafts, usable))
+                                  num_ngram_drafts=sum(draft.from_ngram[:usable]) if draft.from_ngram else 0)
         if self.keep_scores:
             record.scores.extend(processed[i, :keep])
         if self.keep_logits:

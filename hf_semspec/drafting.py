@@ -38,19 +38,25 @@ class DraftBlock:
             drafts each row found, at most γ; the rest of its row is padding, which the loop never lets the rule accept
             (`VerificationInput.draft_limits`). `None`: a draft model's block, γ real drafts in every row.
         num_forwards (`int`): forwards of the draft model this round (0 for prompt lookup).
-        num_ngram_drafts (`int`): multi-level drafting: the drafts that were n-gram candidates the draft model
-            confirmed, each drafted without a forward of its own (every row's first `num_ngram_drafts` of a step are).
+        from_ngram (`tuple[bool, ...]`, *optional*): multi-level drafting: for each draft position, whether its
+            drafts were n-gram candidates the draft model confirmed (drafted without a forward of their own, in every
+            row); None otherwise.
     """
 
     tokens: torch.LongTensor
     probs: torch.FloatTensor | None
     num_per_row: tuple[int, ...] | None = None
     num_forwards: int = 0
-    num_ngram_drafts: int = 0
+    from_ngram: tuple[bool, ...] | None = None
 
     @property
     def num_tokens(self) -> int:
         return self.tokens.shape[1]
+
+    @property
+    def num_ngram_drafts(self) -> int:
+        """Draft positions whose drafts were confirmed n-gram candidates (multi-level drafting)."""
+        return sum(self.from_ngram or ())
 
 
 class ModelDrafter:
@@ -89,10 +95,13 @@ class ModelDrafter:
     norm(max(q_m − 1[c_{m+1}], 0)), where it rejected it, else (no candidate there) a draw from q_m. So m + 1 drafts
     cost one forward, the drafts are token for token the draft's own greedy ones, or distributed as its autoregressive
     q, and the rule is handed q₀…q_m as for any draft. The draft's cache is rolled back past the first unconfirmed
-    candidate. A row whose lookup finds nothing, or a step where no row's does, drafts one token the usual way. Each
-    step reads the confirmed counts on the host (one sync per draft forward: the next lookup needs the drafts); on
-    static caches the candidate block is always k wide (padded), so the compiled forward keeps fixed shapes (1 + k,
-    and 2 + k for a round's first step), and a step that would run past the caches' end drafts one token instead.
+    candidate. A step where a decoding row's lookup finds nothing (m would be 0) drafts one token the usual way, and
+    candidates past the fewest any decoding row found are left out (no row could confirm them). Each step reads the
+    drafts on the host, since the next lookup searches them (greedy: one read per draft forward, m and the drafts
+    together; sampled: two); on static caches the candidate block is always k wide (padded), so the compiled forward
+    keeps fixed shapes (1 + k, and 2 + k for a round's first step), and a step that would run past the caches' end
+    drafts one token instead. The drafts are those of the draft alone up to floating point: a forward over 1 + w
+    tokens may round differently from w + 1 forwards of one, which can flip a near-tie (bf16 on a GPU).
 
     Args:
         model (`PreTrainedModel`): the draft (assistant) model; may live on another device or dtype than the target.
@@ -225,9 +234,10 @@ class ModelDrafter:
         A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; it
         reads q of the rows still decoding only (a finished row that stays for a static cache's shape drafts on, but
         its q says nothing of this round). Such a round also ends once every row drafted an EOS (`stop_token_ids`),
-        read after the policy's decision, when that sync has already waited for the token. Without one, drafting
-        makes no host sync of its own (with a padded prompt, transformers' mask preparation reads the 2D mask once per
-        forward, as it does in plain decoding).
+        read after the policy's decision, when that sync has already waited for the token. Without one, the draft
+        model alone makes no host sync of its own (with a padded prompt, transformers' mask preparation reads the 2D
+        mask once per forward, as it does in plain decoding); multi-level drafting reads each step's drafts (the
+        class docstring).
         """
         start = batch.num_slots
         asks_policy = policy is not None and policy.decides_per_token
@@ -240,7 +250,8 @@ class ModelDrafter:
         decoding_rows = None if not asks_policy or all(batch.decoding) else torch.tensor(
             [i for i, decoding in enumerate(batch.decoding) if decoding], device=self.output_device
         )
-        num_forwards = num_ngram_drafts = 0
+        num_forwards = 0
+        from_ngram: list[bool] = []  # per draft: a candidate the draft confirmed (multi-level drafting)
         if self.contexts is not None:
             for row in batch.rows:  # this round's drafts extend the contexts until the round ends
                 self.contexts.indexes[row].mark()
@@ -252,16 +263,15 @@ class ModelDrafter:
                     step = self._multi_level_step(batch, start, index, max_tokens - index, keep_probs)
                 if step is None:  # one draft from one forward
                     logits = self.runner.forward(batch, start + index, 1)[:, -1:].to(self.output_device)
-                    step = self._next_tokens(batch, index, logits, keep_probs)
-                else:
-                    num_ngram_drafts += step[0].shape[1] - 1
+                    step = _Step(*self._next_tokens(batch, index, logits, keep_probs))
                 num_forwards += 1
                 stop = False
-                for token, q in zip(step[0].unbind(1), [None] * step[0].shape[1] if step[1] is None
-                                    else step[1].unbind(1)):
+                for j, (token, q) in enumerate(zip(step.drafts.unbind(1), [None] * step.drafts.shape[1]
+                                                   if step.probs is None else step.probs.unbind(1))):
                     batch.write_draft(len(tokens), token)
                     tokens.append(token)
                     probs.append(q)
+                    from_ngram.append(j < step.num_candidates)
                     if asks_policy and len(tokens) < max_tokens:
                         # The policy's read first: it syncs on q, which comes after the token, so the EOS read below
                         # then waits for nothing (the other order would wait twice per token).
@@ -277,9 +287,11 @@ class ModelDrafter:
                                 break
                 if stop:
                     break
-                if self.contexts is not None:  # the next step's lookup searches this round's drafts too
-                    for row, new in zip(batch.rows, step[0].tolist()):
-                        self.contexts.indexes[row].extend(new)
+                if self.contexts is not None and len(tokens) < max_tokens:
+                    # The next step's lookup searches this round's drafts too (read now, unless the step read them).
+                    new = step.host_drafts if step.host_drafts is not None else step.drafts.tolist()
+                    for row, drafts in zip(batch.rows, new):
+                        self.contexts.indexes[row].extend(drafts)
         finally:
             if self.contexts is not None:
                 for row in batch.rows:
@@ -291,16 +303,18 @@ class ModelDrafter:
             # one forward per drafted token (the first also feeds the slots it has not seen), fewer with multi-level
             # drafting
             num_forwards=num_forwards,
-            num_ngram_drafts=num_ngram_drafts,
+            from_ngram=tuple(from_ngram) if self.contexts is not None else None,
         )
 
     def _multi_level_step(
         self, batch: DecodingBatch, start: int, index: int, remaining: int, keep_probs: bool
-    ) -> tuple[torch.LongTensor, torch.FloatTensor | None] | None:
+    ) -> _Step | None:
         """One multi-level draft step (the class docstring) at draft position `index` of the round that drafts into
-        slots from `start`, with at most `remaining` drafts left: the drafts `(batch, m + 1)` and, if `keep_probs`,
-        their q `(batch, m + 1, vocab)`; None where it would not pay (no candidate, fewer than two drafts left, or
-        no room in static caches): the caller drafts one token the usual way."""
+        slots from `start`, with at most `remaining` drafts left: the m + 1 drafts `(batch, m + 1)`, their q if
+        `keep_probs`, and m. None where it would not pay (fewer than two drafts left, a decoding row without a
+        candidate, which would hold m at 0, or no room in static caches): the caller drafts one token the usual way.
+
+        Greedy, its one host read takes m and the drafts together; sampled, the drafts are read after m is."""
         wanted = min(self.extra_slots, remaining - 1)  # the step's own token comes after the candidates
         if wanted < 1:
             return None
@@ -308,14 +322,17 @@ class ModelDrafter:
             self.contexts.found(row, wanted) if decoding else []
             for row, decoding in zip(batch.rows, batch.decoding)
         ]
-        longest = max(len(candidates) for candidates in found)
-        if longest == 0:
+        # No row confirms more than the decoding row with the fewest candidates has: candidates past them are not
+        # worth a forward (on static caches the block keeps its width, one compiled shape).
+        fewest = min(len(candidates) for candidates, decoding in zip(found, batch.decoding) if decoding)
+        if fewest == 0:
             return None
-        width = longest
+        width = fewest
         if self.runner.static:
-            width = self.extra_slots  # one shape for the compiled forward
+            width = self.extra_slots
             if start + index + width > batch.slot_capacity:
                 return None
+        found = [c[:width] for c in found]
         candidates = torch.tensor([c + [PADDING_DRAFT] * (width - len(c)) for c in found], dtype=torch.long,
                                   device=self.output_device)
         for j in range(width):
@@ -331,19 +348,34 @@ class ModelDrafter:
             agrees = greedy[:, :width] == candidates
         agrees &= torch.arange(width, device=self.output_device)[None, :] < counts[:, None]
         matched = agrees.long().cumprod(-1).sum(-1)
-        m = min(c for c, decoding in zip(matched.tolist(), batch.decoding) if decoding)  # the step's host sync
-        if not sampled:
-            own = greedy[:, m]
-        elif m == width:  # every row confirmed its whole block: its next token is a draw from q_m
+        if not sampled:  # the step's host read: m and the drafts (argmax q, the candidates where confirmed)
+            read = torch.cat([matched[:, None], greedy], dim=1).tolist()
+            m = min(row[0] for row, decoding in zip(read, batch.decoding) if decoding)
+            self.runner.rewind(start + index + m)  # the cache keeps the confirmed candidates only
+            return _Step(greedy[:, : m + 1], q[:, : m + 1] if keep_probs else None, m,
+                         host_drafts=[row[1 : m + 2] for row in read])
+        m = min(c for c, decoding in zip(matched.tolist(), batch.decoding) if decoding)  # the step's host read
+        if m == width:  # every row confirmed its whole block: its next token is a draw from q_m
             own = sample_categorical(q[:, m], None)
         else:
             proposal = torch.zeros_like(q[:, m]).scatter_(-1, candidates[:, m : m + 1], 1.0)
             rejected = ((matched == m) & (counts > m))[:, None]
             draw = sample_categorical(torch.where(rejected, residual_distribution(q[:, m], proposal), q[:, m]), None)
             own = torch.where(matched > m, candidates[:, m], draw)
-        self.runner.rewind(start + index + m)  # the cache keeps the confirmed candidates only
-        drafts = torch.cat([candidates[:, :m], own[:, None]], dim=1)
-        return drafts, (q[:, : m + 1] if keep_probs else None)
+        self.runner.rewind(start + index + m)
+        return _Step(torch.cat([candidates[:, :m], own[:, None]], dim=1), q[:, : m + 1] if keep_probs else None, m)
+
+
+@dataclass
+class _Step:
+    """The drafts of one draft forward: `drafts` `(batch, n)`, their q `(batch, n, vocab)` (or None), the first
+    `num_candidates` of them confirmed n-gram candidates (multi-level drafting), and the drafts as the host read them
+    where the step already read them (`list[list[int]]`, else None)."""
+
+    drafts: torch.LongTensor
+    probs: torch.FloatTensor | None
+    num_candidates: int = 0
+    host_drafts: list[list[int]] | None = None
 
 
 def redistribute(

@@ -123,6 +123,17 @@ def test_warm_up_and_graphs_are_recorded(smoke_run):
     assert results["graphs_compiled"] >= 1 and results["skipped"] == []
 
 
+def test_a_compiled_rounds_host_time_is_split_by_the_loops_ranges(smoke_run):
+    results, out = smoke_run
+    host = results["host_breakdown"]
+    names = {"draft", "target_forward", "logits_processors", "verify", "sync", "rest"}
+    assert set(host["ms_per_round"]) == names and host["rounds"] > 1
+    # every range ran in every round (the draft, the verify forward, the verification, the round's read)
+    assert all(host["ms_per_round"][name] > 0 for name in ("draft", "target_forward", "verify", "sync"))
+    assert sum(host["ms_per_round"].values()) == pytest.approx(host["wall_ms_per_round"], rel=1e-6)
+    assert "## Host time of a compiled round" in (out / "smoke.md").read_text()
+
+
 def test_multi_level_drafting_is_modeled_from_its_forward(smoke_run):
     results, _ = smoke_run
     mla = results["mla_modeled"]

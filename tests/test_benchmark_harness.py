@@ -1888,13 +1888,20 @@ def test_cpu_costs_reports_each_forward_against_its_own_processes_decode_step():
     target = {"role": "target", "dtype": "float32", "mkl_cbwr": None, "prefill_seconds": [], "entropy_seconds": [],
               "forward_seconds": {"1": [0.5, 0.4, 0.6], "6": [0.8, 0.9, 0.7], "16": [1.1, 1.0, 1.2]}}
     draft = {"role": "draft", "dtype": "bfloat16", "mkl_cbwr": "AUTO", "prefill_seconds": [2.0, 3.0, 4.0],
-             "entropy_seconds": [0.001, 0.001, 0.002], "forward_seconds": {"1": [0.1, 0.2, 0.1]}}
+             "entropy_seconds": [0.001, 0.001, 0.002],
+             "forward_seconds": {"1": [0.1, 0.2, 0.1], "5": [0.3, 0.3, 0.4], "7": [0.5, 0.4, 0.4]}}
     lines = cpu_costs.report([target, draft], args, ["avx2", "avx512f"])
     assert "CPU flags: avx2, avx512f; kernels limited to: native; torch's CPU capability in the runs: None." in lines
-    assert "| target | float32 | unset | 500 ms | 800 ms (1.60×) | 1100 ms (2.20×) | — | — |" in lines
-    assert "| draft | bfloat16 | AUTO | 100 ms | — | — | 3000 ms | 1.00 ms (1.0%) |" in lines
+    # a column per width either model was timed at (the draft's 5 and 7: multi-level drafting's forwards)
+    assert ("| model | dtype | MKL_CBWR | decode step | forward over 5 tokens (/ step) | forward over 6 tokens (/ step) "
+            "| forward over 7 tokens (/ step) | forward over 16 tokens (/ step) |") in lines[-len([target, draft]) - 2]
+    assert "| target | float32 | unset | 500 ms | — | 800 ms (1.60×) | — | 1100 ms (2.20×) | — | — |" in lines
+    assert ("| draft | bfloat16 | AUTO | 100 ms | 300 ms (3.00×) | — | 400 ms (4.00×) | — | 3000 ms | 1.00 ms (1.0%) |"
+            in lines)
     with pytest.raises(SystemExit):
         cpu_costs.main(["--cached-tokens", "8"])  # the 16-token forward re-reads the cache's last 16 tokens
+    with pytest.raises(SystemExit):
+        cpu_costs.main(["--roles", "draft,verifier"])
 
 
 def test_quick_profile_ids_joins_the_quick_prompts_and_cuts_them(tmp_path):

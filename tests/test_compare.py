@@ -275,6 +275,7 @@ def test_prompt_lookup_with_a_draft_drafts_multi_level(target):
         assert result.new_token_ids == greedy_new_ids(target, ids)
     for row in report.configurations:
         assert 0.0 < row.draft_forwards_per_drafted_token < 1.0
+        assert 0.0 < row.ngram_hit_rate < 1.0  # the drafts that were confirmed candidates, per drafted token
 
 
 # --- the command line ---------------------------------------------------------------------------------------------

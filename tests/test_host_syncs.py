@@ -99,12 +99,11 @@ def prompts(batch_size: int) -> tuple[torch.LongTensor, torch.LongTensor]:
     return ids, mask
 
 
-# Found, not fixed here (core and transformers code): reads of transformers' eager mask preparation
-# (`masking_utils._ignore_causal_mask_sdpa`, `fast_all(padding_mask)`, masking_utils.py:297-298 in transformers 5.24)
-# in forwards that stay eager. `dropmatch`'s target forward stays eager (its hook, decoding._static_caches), and the
-# loop hands every forward a 2D mask whenever transformers passed one (`DecodingBatch.masked`, hf_semspec/batch.py:62),
-# which generate() does at batch 1 too (all ones): one more read per round. `rdk` in a padded batch reads a few times
-# more per call than the rounds account for (2 in 16 rounds here).
+# Found, not fixed here (transformers code): reads in forwards that stay eager. `dropmatch`'s target forward stays eager
+# (its hook, decoding._static_caches) and reads one scalar per round inside transformers: with a padded batch in
+# its mask preparation (`masking_utils._ignore_causal_mask_sdpa`, `fast_all(padding_mask)`, masking_utils.py:297-298
+# in transformers 5.24); at batch 1 no mask is passed any more (`DecodingBatch.masked` drops an all-ones mask), and a
+# read remains. `rdk` in a padded batch reads a few times more per call than the rounds account for (2 in 16 here).
 KNOWN_EXTRA_READS = {
     ("dropmatch", 1): "its eager target forward reads one scalar back per round inside transformers "
                       "(aten::_local_scalar_dense; no mask is passed once an all-ones mask is dropped)",

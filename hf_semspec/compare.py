@@ -340,8 +340,9 @@ class ComparisonReport:
                           " below or equal to `exact`'s.")
         if lookup:
             legend.append("- draft fwd/drafted: the draft model's forwards per draft token (0 by prompt lookup alone,"
-                          " below 1 where multi-level drafting confirms n-gram candidates); n-gram hits: rounds whose"
-                          " prompt lookup found drafts, per round (all prompts pooled).")
+                          " below 1 where multi-level drafting confirms n-gram candidates); n-gram hits: by prompt"
+                          " lookup alone, rounds whose lookup found drafts, per round; with a draft, drafts that were"
+                          " confirmed n-gram candidates, per drafted token (all prompts pooled).")
         return "\n".join(lines + [""] + legend) + "\n"
 
 

@@ -488,7 +488,13 @@ def host_breakdown(target, draft, args, new_tokens: int) -> dict:
     rounds = out.acceptance_stats.num_target_forwards
     per_round = {name.split(".", 1)[1]: ms / rounds for name, ms in totals.items()}
     per_round["rest"] = max(0.0, wall_ms / rounds - sum(per_round.values()))
+    # The counts of the rounds after the first (whose forwards prefill the prompt eagerly), per round.
+    counts = profiling.host_counts(prof, after_first_read=True)
+    later = max(counts["reads"] - 1, 1)
     return {"rounds": rounds, "wall_ms_per_round": wall_ms / rounds, "ms_per_round": per_round,
+            "compiled_calls_per_round": counts["compiled_calls"] / later,
+            "launches_per_round": {name: n / later for name, n in counts["launches"].items()},
+            "between_rounds_ms": statistics.median(counts["gaps_ms"]) if counts["gaps_ms"] else None,
             "note": "host ms per round under the profiler (which adds its own overhead); see host_breakdown()"}
 
 
@@ -713,7 +719,15 @@ def render(results: dict) -> str:
         lines += markdown.table(["range", "host ms / round"],
                                 [[f"`{name}`", f"{ms:.2f}"] for name, ms in host["ms_per_round"].items()]) + [""]
         lines += [f"- {host['rounds']} rounds, {host['wall_ms_per_round']:.2f} ms a round. `sync` is the round's one "
-                  "read (the host waits for the device there); the other ranges and `rest` are host work.", ""]
+                  "read (the host waits for the device there); the other ranges and `rest` are host work."]
+        if "compiled_calls_per_round" in host:  # (results written before the counts have none)
+            launches = ", ".join(f"{name} {n:.1f}" for name, n in sorted(host["launches_per_round"].items()))
+            gap = host["between_rounds_ms"]
+            lines += [f"- Per round after the first: {host['compiled_calls_per_round']:.1f} compiled calls; eager "
+                      "launches outside "
+                      f"them: {launches}; from a round's read to the next round's first compiled call "
+                      + ("–" if gap is None else f"{gap:.2f} ms") + " (median; the device has nothing queued then)."]
+        lines.append("")
     mla = results.get("mla_modeled")
     if mla:
         lines += ["## Multi-level drafting (modeled)", "",

@@ -37,9 +37,9 @@ import torch
 import hf_semspec
 from hf_semspec.draft_length import POLICIES, DraftLengthPolicy
 from hf_semspec.draft_length.base import default_length
-from hf_semspec.draft_length.base import MAX_DRAFT_TOKENS
 from hf_semspec.errors import SemSpecConfigError
-from hf_semspec.ngram import DEFAULT_MAX_NGRAM_SIZE, PromptLookup
+from hf_semspec.ngram import PromptLookup
+from hf_semspec.ngram import parse_prompt_lookup as ngram_parse_prompt_lookup
 from hf_semspec.rules import RULES, AcceptanceRule
 
 from .data import Prompt
@@ -184,26 +184,15 @@ def parse_draft_lengths(text: str | None) -> list[DraftLengthSpec] | None:
     return specs
 
 
-_PROMPT_LOOKUP_FORM = (f"K[:N]: K in [1, {MAX_DRAFT_TOKENS}], the most tokens copied from the context per round "
-                       f"(prompt_lookup_num_tokens), and N >= 1, the longest n-gram of the context's end searched for "
-                       f"(max_matching_ngram_size, default {DEFAULT_MAX_NGRAM_SIZE} as in transformers)")
-
-
 def parse_prompt_lookup(text: str | None) -> PromptLookup | None:
-    """`--prompt-lookup`: `"6"` → k = 6 and transformers' n = 2; `"6:4"` → k = 6, n = 4; None stays None. A value out
-    of range raises `ValueError` naming the flag, the value, what is allowed and the fix."""
+    """`--prompt-lookup`: `"6"` → k = 6 and transformers' n = 2; `"6:4"` → k = 6, n = 4 (`ngram.parse_prompt_lookup`);
+    None stays None. A value out of range raises `ValueError` naming the flag, the value, what is allowed and the fix."""
     if text is None:
         return None
-    k, colon, n = text.strip().partition(":")
-    numbers = [k] + ([n] if colon else [])
-    if not all(x.strip().isascii() and x.strip().isdigit() for x in numbers):
-        raise ValueError(f"--prompt-lookup: got {text!r}; expected {_PROMPT_LOOKUP_FORM}. Fix: pass e.g. "
-                         "--prompt-lookup 6:4")
-    lookup = PromptLookup(int(k), int(n) if colon else DEFAULT_MAX_NGRAM_SIZE)
-    if not 1 <= lookup.num_tokens <= MAX_DRAFT_TOKENS or lookup.max_ngram_size < 1:
-        raise ValueError(f"--prompt-lookup: got {text!r}; expected {_PROMPT_LOOKUP_FORM}. Fix: pass e.g. "
-                         "--prompt-lookup 6:4")
-    return lookup
+    try:
+        return ngram_parse_prompt_lookup(text)
+    except ValueError as error:
+        raise ValueError(f"--prompt-lookup: {error}") from None
 
 
 def prompt_lookup_label(lookup: PromptLookup) -> str:

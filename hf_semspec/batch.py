@@ -107,7 +107,9 @@ class DecodingBatch:
         """Position ids `(batch, end − start)` of slots `[start, end)`: the row's real tokens before each slot."""
         if not self.masked:
             return torch.arange(start, end, device=self.device).expand(self.size, -1)
-        return (self.mask[:, :end].cumsum(-1) - 1).clamp_min(0)[:, start:end]
+        # Contiguous: a slice of the cumsum would have a stride that grows with `end`, which a compiled forward guards
+        # on (one more graph, mid-call, the first time it changes).
+        return (self.mask[:, :end].cumsum(-1) - 1).clamp_min(0)[:, start:end].contiguous()
 
     def model_mask(self, end: int, full: bool) -> torch.LongTensor | None:
         """The 2D attention mask for a forward whose last slot is `end − 1`: `None` while no slot is masked, else the

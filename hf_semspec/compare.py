@@ -36,6 +36,7 @@ import torch
 
 from .errors import SemSpecConfigError, invalid_value
 from .generation import _is_attached, attach, detach
+from .ngram import parse_prompt_lookup
 from .rules import RULES
 
 if getattr(sys, "argv", [])[:1] == ["-m"]:
@@ -231,8 +232,10 @@ class ConfigurationResult:
     Attributes:
         name (`str`): the configuration as `rules` takes it, e.g. `"fly@window=4"`; `rule`, `options` its parts.
         lossless (`bool`): whether the rule keeps the target's output distribution (`exact`, `rdk`).
-        prompts, new_tokens (`int`), seconds (`float`): the prompts, their new tokens and their fastest repeats' time.
-        tokens_per_s (`float`): `new_tokens / seconds`.
+        prompts, new_tokens (`int`), seconds (`float`): the prompts, their new tokens (the first repeats', the
+            outputs reported) and their fastest repeats' time.
+        tokens_per_s (`float`): the fastest repeats' new tokens over `seconds` (`new_tokens / seconds`, unless
+            sampling without a seed made repeats of a prompt differ in length).
         speedup, speedup_ci95 (`float`, `[low, high]`): the geometric mean over prompts of tokens/s over `exact`'s on
             the same prompt, and its 95% interval (None with one prompt).
         tau, acceptance_rate (`float`): new tokens per target forward; accepted / drafted draft tokens (pooled).
@@ -287,6 +290,7 @@ class ComparisonReport:
     repeats: int
     seed: int | None
     generate_kwargs: dict
+    decoding: dict = field(default_factory=dict)
     reference: str = REFERENCE
     timing: str = "fastest of the repeats, per prompt"
 
@@ -321,8 +325,10 @@ class ComparisonReport:
                 cells += [_number(row.draft_forwards_per_drafted_token, 2), _number(row.ngram_hit_rate, 2)]
             lines.append("| " + " | ".join(cells) + " |")
         settings = ", ".join(f"{k}={v!r}" for k, v in self.generate_kwargs.items()) or "the models' defaults"
+        resolved = ", ".join(f"{k}={v!r}" for k, v in self.decoding.items())
         legend = [
-            f"{self.num_prompts} prompts × {self.repeats} repeats, seed {self.seed}; generate(): {settings}.",
+            f"{self.num_prompts} prompts × {self.repeats} repeats, seed {self.seed}; generate(): {settings}"
+            + (f" (decoding, with the model's generation config: {resolved})" if resolved else "") + ".",
             "",
             "- tokens/s: new tokens (after the prompt, up to and including the first EOS) per second of `generate()`,"
             " all prompts pooled; each prompt timed by its fastest repeat.",
@@ -494,7 +500,11 @@ def compare(
     machine hits every configuration alike and a ratio within the run is meaningful. Before every call the global
     RNG is seeded with `seed + prompt_index`: with sampling, `exact` and every rule see the same seed on a prompt,
     and two runs with one seed give one report (bar the timings). torch's RNG state is restored afterwards.
-    Then each distinct output gets one teacher-forced target forward for its NLL, and one call of `score`.
+    Each distinct output of a prompt gets one call of `score` as it comes (the warm-up's first output too: a scorer
+    that fails, fails before the timed calls), and after the calls one teacher-forced target forward for its NLL.
+    The decoding settings left out of `generate_kwargs` come from the model's generation config, as in `generate()`
+    (an Instruct model's may sample); the report's `decoding` shows them, and a warning says when sampling comes
+    from there.
 
     Args:
         target (`PreTrainedModel`): the target model; attached for the call if it is not already, detached after.
@@ -548,6 +558,13 @@ def compare(
         raise invalid_value("prompts", prompts, "at least one prompt", "pass a list of prompts")
     device = target.device
     encoded = [_encode_prompt(p, i, tokenizer, device) for i, p in enumerate(prompts)]
+    decoding = resolved_decoding(target, generate_kwargs)
+    if decoding["do_sample"] and "do_sample" not in generate_kwargs:
+        warnings.warn(
+            "compare() samples: do_sample=True comes from the model's generation config (or the generation_config "
+            f"passed), with {', '.join(f'{k}={v}' for k, v in decoding.items() if k != 'do_sample')}; outputs then "
+            "differ from exact's by the draws as well as by the rule. Pass do_sample=False for greedy decoding, or "
+            "do_sample=True to say so.", stacklevel=2)
     eos_ids = _eos_ids(target, generate_kwargs)
     call_kwargs = dict(generate_kwargs)
     if tokenizer is not None:
@@ -573,6 +590,23 @@ def compare(
                 gc.enable()
         return _Run(new_token_ids(out.sequences, input_ids.shape[1], eos_ids), seconds, out.acceptance_stats)
 
+    def text_of(ids: list[int]) -> str | None:
+        return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else None
+
+    scores: dict[tuple[int, tuple[int, ...]], float] = {}
+
+    def score_of(i: int, ids: list[int]) -> None:
+        """Scores prompt i's output `ids` once (a scorer that fails, fails on the first output, not after the run)."""
+        key = (i, tuple(ids))
+        if score is None or key in scores:
+            return
+        text = text_of(ids)
+        value = score(prompts[i], text if text is not None else list(ids))
+        if not isinstance(value, numbers.Real) or math.isnan(value):
+            raise invalid_value("score", _short(value), "a number (int or float) from score(prompt, text)",
+                                "return e.g. float(answer == reference)")
+        scores[key] = float(value)
+
     runs: dict[tuple[int, str], list[_Run]] = {}
     was_attached = _is_attached(target)
     cuda = sorted({p.device.index or 0 for m in (target, draft) if m is not None for p in m.parameters()
@@ -583,14 +617,19 @@ def compare(
         with torch.random.fork_rng(devices=cuda):
             if warmup:
                 for configuration in configurations:
-                    decode(configuration, 0)
+                    warm = decode(configuration, 0)
+                    if configuration.name == REFERENCE:  # the scorer's first call, before any timed one
+                        score_of(0, warm.ids)
             bar = _Progress(len(encoded) * repeats * len(configurations), len(encoded), progress)
             try:
                 for i in range(len(encoded)):
                     for repeat in range(repeats):
                         k = (i + repeat) % len(configurations)
                         for configuration in configurations[k:] + configurations[:k]:
-                            runs.setdefault((i, configuration.name), []).append(decode(configuration, i))
+                            run = decode(configuration, i)
+                            if repeat == 0:
+                                score_of(i, run.ids)
+                            runs.setdefault((i, configuration.name), []).append(run)
                             bar.call_done(configuration.name, i)
                     bar.prompt_done(i)
             finally:
@@ -604,32 +643,32 @@ def compare(
         if not was_attached:
             detach(target)
 
-    def text_of(ids: list[int]) -> str | None:
-        return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else None
-
-    scores: dict[tuple[int, tuple[int, ...]], float] = {}
-    if score is not None:
-        for (i, _), prompt_runs in runs.items():
-            key = (i, tuple(prompt_runs[0].ids))
-            if key not in scores:
-                text = text_of(prompt_runs[0].ids)
-                value = score(prompts[i], text if text is not None else list(prompt_runs[0].ids))
-                if not isinstance(value, numbers.Real) or math.isnan(value):
-                    raise invalid_value("score", _short(value), "a number (int or float) from score(prompt, text)",
-                                        "return e.g. float(answer == reference)")
-                scores[key] = float(value)
-
     lookup = generate_kwargs.get("prompt_lookup_num_tokens") is not None
     rows = [_summarize(c, runs, encoded, nll, scores, text_of, score is not None, lookup) for c in configurations]
-    return ComparisonReport(rows, len(encoded), repeats, seed, _json_ready(generate_kwargs))
+    return ComparisonReport(rows, len(encoded), repeats, seed, _json_ready(generate_kwargs), _json_ready(decoding))
+
+
+DECODING_FIELDS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens")
+
+
+def resolved_decoding(target, generate_kwargs: Mapping) -> dict:
+    """The decoding settings `generate()` runs with, as it resolves them: each of `DECODING_FIELDS` from the call's
+    keywords, else from a passed `generation_config`, else from the model's (Qwen2.5-Instruct's samples, with
+    temperature 0.7 and top-p 0.8); `do_sample` False where none sets it."""
+    config = generate_kwargs.get("generation_config") or target.generation_config
+    decoding = {name: generate_kwargs[name] if name in generate_kwargs else getattr(config, name, None)
+                for name in DECODING_FIELDS}
+    decoding["do_sample"] = bool(decoding["do_sample"])
+    return decoding
 
 
 def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, lookup=False) -> ConfigurationResult:
     """One configuration's row from its runs and `exact`'s; `lookup`: the calls drafted by prompt lookup."""
-    per_prompt = []
+    per_prompt, timed = [], []
     for i, input_ids in enumerate(encoded):
         own, reference = runs[i, configuration.name], runs[i, REFERENCE]
         fastest = max(own, key=lambda run: run.tokens_per_s)
+        timed.append(fastest)
         reference_fastest = max(reference, key=lambda run: run.tokens_per_s)
         ids, reference_ids = own[0].ids, reference[0].ids
         own_nll, reference_nll = nll[i, tuple(ids)], nll[i, tuple(reference_ids)]
@@ -646,8 +685,8 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
         ))
     first_stats = [runs[i, configuration.name][0].stats for i in range(len(encoded))]
     forwards, drafted = sum(s.num_target_forwards for s in first_stats), sum(s.num_drafted for s in first_stats)
-    draft_forwards = sum(getattr(s, "num_draft_forwards", 0) for s in first_stats)
-    rounds = sum(getattr(s, "num_row_forwards", None) or s.num_target_forwards for s in first_stats)
+    draft_forwards = sum(s.num_draft_forwards for s in first_stats)
+    rounds = sum(s.num_row_forwards for s in first_stats)  # (each prompt's own rounds: one row a call)
     if draft_forwards:  # multi-level drafting: the drafts taken from confirmed candidates
         hits, per = sum(s.num_ngram_drafts for s in first_stats), drafted
     else:  # prompt lookup alone: the rounds whose lookup found drafts
@@ -656,12 +695,14 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
     nll_increase, nll_increase_ci95 = mean_interval([p.nll_increase for p in per_prompt if p.nll_increase is not None])
     divergences = [p.first_divergence for p in per_prompt if p.first_divergence is not None]
     new_tokens, seconds = sum(p.new_tokens for p in per_prompt), sum(p.seconds for p in per_prompt)
+    timed_tokens = sum(len(run.ids) for run in timed)  # (the fastest repeats' own tokens: sampled without a seed,
+    # repeats may differ in length from the first, whose output the row reports)
     reference_scores = [scores.get((i, tuple(runs[i, REFERENCE][0].ids))) for i in range(len(encoded))]
     pairs = list(zip([p.score for p in per_prompt], reference_scores)) if scored else []
     return ConfigurationResult(
         name=configuration.name, rule=configuration.rule, options=dict(configuration.options),
         lossless=bool(RULES.get(configuration.rule).lossless), prompts=len(per_prompt), new_tokens=new_tokens,
-        seconds=seconds, tokens_per_s=new_tokens / seconds if seconds > 0 else 0.0,
+        seconds=seconds, tokens_per_s=timed_tokens / seconds if seconds > 0 else 0.0,
         speedup=speedup, speedup_ci95=speedup_ci95,
         tau=sum(s.num_new_tokens for s in first_stats) / forwards if forwards else 0.0,
         acceptance_rate=sum(s.num_accepted for s in first_stats) / drafted if drafted else 0.0,
@@ -687,11 +728,16 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
 def load_prompts(path: str | Path, form: str = "auto") -> list[Any]:
     """The prompts of a file: `text`, one prompt a line (blank lines skipped), or `jsonl`, one JSON object a line
     with `"prompt"` (text) or `"input_ids"` (token ids), its other keys kept for the scorer. `auto`: `jsonl` for a
-    `.jsonl` file, else `text`."""
+    `.jsonl` or `.ndjson` file (any case), else `text`, which refuses a file whose every line is such a JSON object
+    (one text prompt a line would be the records' JSON)."""
     path = Path(path)
     lines = path.read_text(encoding="utf-8").splitlines()
     if form == "auto":
-        form = "jsonl" if path.suffix == ".jsonl" else "text"
+        form = "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson") else "text"
+        if form == "text" and lines and all(_is_prompt_record(line) for line in lines if line.strip()):
+            raise ValueError(f"{path}: every line is a JSON object with 'prompt' or 'input_ids', read as text lines "
+                             "by its suffix. Fix: name it .jsonl, or pass --prompts-format jsonl (or text to keep "
+                             "the lines as they are)")
     if form == "text":
         return [line for line in lines if line.strip()]
     prompts = []
@@ -710,6 +756,14 @@ def load_prompts(path: str | Path, form: str = "auto") -> list[Any]:
     return prompts
 
 
+def _is_prompt_record(line: str) -> bool:
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and bool({"prompt", "input_ids"} & set(record))
+
+
 def _load_scorer(spec: str) -> Callable:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
@@ -718,14 +772,14 @@ def _load_scorer(spec: str) -> Callable:
 
 
 def _prompt_lookup(text: str) -> tuple[int, int | None]:
-    """`--prompt-lookup K[:N]` → (k, n or None); argparse names the flag in the error."""
-    k, colon, n = text.strip().partition(":")
-    parts = [k] + ([n] if colon else [])
-    if not all(part.strip().isascii() and part.strip().isdigit() and int(part) >= 1 for part in parts):
-        raise argparse.ArgumentTypeError(
-            f"got {text!r}; expected K[:N], integers >= 1: K tokens copied per round (prompt_lookup_num_tokens), N "
-            "the longest n-gram searched for (max_matching_ngram_size, default 2). Fix: pass e.g. --prompt-lookup 6:4")
-    return int(k), int(n) if colon else None
+    """`--prompt-lookup K[:N]` → (k, n, or None without `:N`, which leaves `max_matching_ngram_size` to
+    `--generate-kwargs` or the model's generation config); `ngram.parse_prompt_lookup` checks it, argparse names the
+    flag in the error."""
+    try:
+        lookup = parse_prompt_lookup(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from error
+    return lookup.num_tokens, lookup.max_ngram_size if ":" in text else None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -750,7 +804,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "the context's last n-gram, N the longest n-gram searched for (default 2, as transformers), "
                         "e.g. 6:4 (prompt_lookup_num_tokens=K, max_matching_ngram_size=N). With --draft, multi-level "
                         "drafting (the draft verifies the n-gram candidates); without it, prompt lookup alone")
-    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--max-new-tokens", type=int, help=f"new tokens per call (default {DEFAULT_MAX_NEW_TOKENS})")
     parser.add_argument("--sample", action="store_true", help="sample (default: greedy)")
     parser.add_argument("--temperature", type=float)
     parser.add_argument("--top-p", type=float)
@@ -766,6 +820,41 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+def _cli_generate_kwargs(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The `generate()` keywords of a command line: `--generate-kwargs`, and the flags that set one keyword each; a
+    flag and `--generate-kwargs` that set one keyword differently, or a keyword `compare()` sets itself, are an
+    error. Greedy and `DEFAULT_MAX_NEW_TOKENS` where neither says."""
+    kwargs = dict(args.generate_kwargs)
+    reserved = sorted(set(kwargs) & set(RESERVED_GENERATE_KWARGS))
+    if reserved:
+        parser.error(f"--generate-kwargs sets {reserved}, which compare() sets for every call. Fix: give the draft as "
+                     "--draft and the rules as --rules, and drop them from --generate-kwargs")
+    k, n = args.prompt_lookup if args.prompt_lookup is not None else (None, None)
+    flags = {
+        "max_new_tokens": ("--max-new-tokens", args.max_new_tokens),
+        "do_sample": ("--sample", True if args.sample else None),
+        "temperature": ("--temperature", args.temperature),
+        "top_p": ("--top-p", args.top_p),
+        "draft_length": ("--draft-length", args.draft_length),
+        "num_assistant_tokens": ("--num-assistant-tokens", args.num_assistant_tokens),
+        "prompt_lookup_num_tokens": ("--prompt-lookup", k),
+        "max_matching_ngram_size": ("--prompt-lookup", n),
+    }
+    for name, (flag, value) in flags.items():
+        if value is None:
+            continue
+        if name in kwargs and kwargs[name] != value:
+            parser.error(f"{flag} sets {name}={value!r} and --generate-kwargs sets {name}={kwargs[name]!r}. Fix: "
+                         "give it once")
+        kwargs[name] = value
+    kwargs.setdefault("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+    kwargs.setdefault("do_sample", False)
+    return kwargs
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -778,7 +867,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(error))
     if not isinstance(args.generate_kwargs, dict):
         parser.error(f"--generate-kwargs must be a JSON object, got {args.generate_kwargs!r}")
-    if args.draft is None and args.prompt_lookup is None:
+    kwargs = _cli_generate_kwargs(args, parser)
+    if args.repeats < 1:
+        parser.error(f"--repeats {args.repeats}: at least 1 timed call per prompt and configuration. Fix: pass e.g. "
+                     "--repeats 3")
+    if args.draft is None and kwargs.get("prompt_lookup_num_tokens") is None:
         parser.error("--draft is missing: a draft model drafts, or prompt lookup without one. Fix: pass --draft "
                      "<model>, or --prompt-lookup K[:N] (e.g. 6:4) to draft by prompt lookup alone")
     if args.threads:
@@ -797,15 +890,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             parser.error(f"cannot load a tokenizer from {args.tokenizer or args.target} ({error}); text prompts need "
                          "one. Fix: pass --tokenizer, or give token ids (JSONL with 'input_ids')")
         tokenizer = None  # token ids only: the report has no text
-    kwargs = dict(args.generate_kwargs, max_new_tokens=args.max_new_tokens, do_sample=args.sample)
-    if args.prompt_lookup is not None:
-        kwargs["prompt_lookup_num_tokens"], ngram = args.prompt_lookup
-        if ngram is not None:
-            kwargs["max_matching_ngram_size"] = ngram
-    for name, value in (("temperature", args.temperature), ("top_p", args.top_p),
-                        ("draft_length", args.draft_length), ("num_assistant_tokens", args.num_assistant_tokens)):
-        if value is not None:
-            kwargs[name] = value
     report = compare(target, draft, prompts, rules=rules, tokenizer=tokenizer, score=scorer, repeats=args.repeats,
                      seed=args.seed, progress=not args.no_progress, **kwargs)
     print(report.to_markdown())

@@ -292,7 +292,8 @@ def _has_sliding_layers(cache) -> bool:
 
 def _typical_length(policy: DraftLengthPolicy) -> int:
     """The length a policy's config names (its fixed, initial or largest γ), at most 16: what a batch's static caches
-    are sized for (longer rounds still fit while room is left, the loop's budget keeps them within it)."""
+    are sized for (longer rounds still fit while room is left, the loop's budget keeps them within it), and the γ of
+    the compiled verify forward's one shape."""
     value = getattr(policy.config, policy.length_field, None) if policy.length_field else None
     return min(value if isinstance(value, int) else UNSET_LENGTH_FALLBACK, 16)
 
@@ -416,8 +417,11 @@ def speculative_decode(
         budget = round_budget(draft_length.max_tokens(), batch.room(loop.max_length),
                               batch.slot_capacity - batch.num_slots if loop.static else None,
                               holes=loop.static and batch.size > 1)
-        batch.reserve(batch.num_slots + budget + (0 if loop.static else drafter.extra_slots))
-        batch.reserve_tokens(max(batch.lengths) + budget + 1 + drafter.extra_slots)
+        # (A multi-level step writes its candidates within the budget on dynamic caches; on static ones its block is
+        # always k wide and may pass the budget: within the caches' slots, which the step checks, and in the token
+        # layout, which keeps k more.)
+        batch.reserve(batch.num_slots + budget)
+        batch.reserve_tokens(max(batch.lengths) + budget + 1 + (drafter.extra_slots if loop.static else 0))
         draft = drafter.draft(batch, budget, draft_length)
         gamma = draft.num_tokens
 
@@ -567,7 +571,10 @@ class _Loop:
             target_cache.activate_past_recording()  # sliding-window / linear-attention layers must roll back
             capacity, draft_cache, compiled_target, compiled_draft = input_ids.shape[1] + 64, None, None, None
         processors = BatchProcessors(logits_processor, batch_size)
-        target = CachedModel(model, target_cache, compiled=compiled_target, static=static)
+        # A compiled verify forward has one shape: γ + 1 slots at the policy's length (shorter rounds, near max_length
+        # or with a policy that varies γ, re-feed cached slots to keep it; longer ones compile their own).
+        verify_width = _typical_length(draft_length) + 1 if compiled_target is not None else None
+        target = CachedModel(model, target_cache, compiled=compiled_target, static=static, min_width=verify_width)
         target.cached = cached
         vocab_size = model.config.get_text_config().vocab_size
         return_probs = do_sample or rule.requires_draft_probs

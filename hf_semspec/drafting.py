@@ -153,8 +153,9 @@ class ModelDrafter:
             max_input_id=draft_vocab_size - 1 if draft_vocab_size < vocab_size else None,
         )
         self.contexts = contexts
-        # Slots a multi-level step may write past the round's drafts (its candidate block); on static caches the block
-        # is always k wide (fixed shapes), else as wide as the longest lookup.
+        # How far a multi-level step's candidate block may reach past the round's budget: on static caches the block
+        # is always k wide (fixed shapes; the step checks the caches' room); on dynamic ones it holds at most the
+        # drafts left but one, within the budget.
         self.extra_slots = contexts.lookup.num_tokens if contexts is not None else 0
         # A compiled draft catches up on the last two slots of each round (the one a fully accepted round drafted but
         # never fed, and the target's token), so that its first forward always has the same shape.
@@ -253,8 +254,7 @@ class ModelDrafter:
         num_forwards = 0
         from_ngram: list[bool] = []  # per draft: a candidate the draft confirmed (multi-level drafting)
         if self.contexts is not None:
-            for row in batch.rows:  # this round's drafts extend the contexts until the round ends
-                self.contexts.indexes[row].mark()
+            self.contexts.begin_round(batch.rows)  # this round's drafts extend the contexts until the round ends
         try:
             while len(tokens) < max_tokens:
                 index = len(tokens)
@@ -291,11 +291,10 @@ class ModelDrafter:
                     # The next step's lookup searches this round's drafts too (read now, unless the step read them).
                     new = step.host_drafts if step.host_drafts is not None else step.drafts.tolist()
                     for row, drafts in zip(batch.rows, new):
-                        self.contexts.indexes[row].extend(drafts)
+                        self.contexts.append_tokens(row, drafts)
         finally:
             if self.contexts is not None:
-                for row in batch.rows:
-                    self.contexts.indexes[row].rollback()
+                self.contexts.end_round(batch.rows)
         empty = batch.ids.new_zeros(batch.size, 0)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1) if tokens else empty,

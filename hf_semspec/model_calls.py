@@ -37,26 +37,37 @@ class CachedModel:
         static (`bool`): the cache is static: compiled forwards take the 2D mask at its full, fixed length.
         max_input_id (`int`, *optional*): the largest id the model has an embedding row for, where the batch may hold
             larger ones (a draft paired with a target whose vocabulary is padded further): those are fed as this id.
+        min_width (`int`, *optional*): a compiled forward that has fewer new slots feeds this many, re-feeding the
+            cached slots before them (their keys and values are written again, the same): one shape, one compiled
+            graph, for every forward of up to `min_width` slots (the verify forward of a round shorter than the
+            policy's length, near `max_length`, or with a policy that varies γ).
     """
 
     def __init__(self, model: torch.nn.Module, cache: Cache, compiled=None, static: bool = False,
-                 max_input_id: int | None = None):
+                 max_input_id: int | None = None, min_width: int | None = None):
         self.model = model
         self.cache = cache
         self.compiled = compiled
         self.static = static
         self.max_input_id = max_input_id
+        self.min_width = min_width
         self.cached = 0
         self.supports_logits_to_keep = accepts_forward_argument(model, "logits_to_keep")
         self.takes_position_ids = accepts_forward_argument(model, "position_ids")
 
     def forward(self, batch: DecodingBatch, end: int, num_logits: int, **extra_forward_kwargs) -> torch.FloatTensor:
-        """Feeds slots `[cached, end)` and returns the logits of the last `num_logits` of them.
+        """Feeds slots `[cached, end)` (from `end − min_width` where a compiled forward has fewer) and returns the
+        logits of the last `num_logits` of them.
 
         Returns:
             `torch.FloatTensor` of shape `(batch, num_logits, vocab)`, float32, on the model's output device.
         """
         start = self.cached
+        compiled = self.compiled is not None and start > 0
+        fed = end - start
+        if compiled and self.min_width is not None and fed < self.min_width <= end:
+            self.rewind(end - self.min_width)  # the same shape as a forward of `min_width` new slots
+            start, fed = self.cached, self.min_width
         device = self.model.device
         kwargs = dict(extra_forward_kwargs)
         mask = batch.model_mask(end, full=self.static)
@@ -64,10 +75,9 @@ class CachedModel:
             kwargs["attention_mask"] = mask.to(device)
         if self.takes_position_ids:
             kwargs["position_ids"] = batch.positions(start, end).to(device)
-        if self.supports_logits_to_keep:
-            kwargs["logits_to_keep"] = num_logits
+        if self.supports_logits_to_keep:  # (as many as fed when re-feeding: one value, one compiled graph)
+            kwargs["logits_to_keep"] = fed if fed == self.min_width and compiled else num_logits
         kwargs[CACHE_ARGUMENT] = self.cache
-        compiled = self.compiled is not None and start > 0
         input_ids = batch.ids[:, start:end].to(device)
         if self.max_input_id is not None:
             input_ids = input_ids.clamp_max(self.max_input_id)

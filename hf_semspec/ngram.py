@@ -102,6 +102,27 @@ def check_prompt_lookup(
     return PromptLookup(num_tokens, max_ngram_size)
 
 
+PROMPT_LOOKUP_FORM = (f"K[:N]: K in [1, {MAX_DRAFT_TOKENS}], the most tokens copied from the context per round "
+                      f"(prompt_lookup_num_tokens), and N >= 1, the longest n-gram of the context's end searched for "
+                      f"(max_matching_ngram_size, default {DEFAULT_MAX_NGRAM_SIZE} as in transformers)")
+
+
+def parse_prompt_lookup(text: str) -> PromptLookup:
+    """A command line's `K[:N]` → `PromptLookup(K, N)`: `"6"` → k = 6 and transformers' n = 2, `"6:4"` → k = 6, n = 4
+    (what `python -m hf_semspec.compare --prompt-lookup` and the benchmarks take).
+
+    Raises:
+        `ValueError`: naming the value, the form allowed and the fix (the caller adds its flag's name).
+    """
+    k, colon, n = text.strip().partition(":")
+    numbers = [k] + ([n] if colon else [])
+    if all(x.strip().isascii() and x.strip().isdigit() for x in numbers):
+        lookup = PromptLookup(int(k), int(n) if colon else DEFAULT_MAX_NGRAM_SIZE)
+        if 1 <= lookup.num_tokens <= MAX_DRAFT_TOKENS and lookup.max_ngram_size >= 1:
+            return lookup
+    raise ValueError(f"got {text!r}; expected {PROMPT_LOOKUP_FORM}. Fix: pass e.g. 6:4")
+
+
 def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -189,8 +210,19 @@ class RowContexts:
         ]
 
     def append_tokens(self, row: int, tokens: list[int]) -> None:
-        """Row `row` (its index in the caller's input) took `tokens` this round."""
+        """Row `row` (its index in the caller's input) took `tokens` this round (or, between `begin_round` and
+        `end_round`, drafted them: multi-level drafting's later steps search them too)."""
         self.indexes[row].extend(tokens)
+
+    def begin_round(self, rows: Iterable[int]) -> None:
+        """Marks each of `rows`' contexts: what is appended until `end_round` is forgotten then (a round's drafts)."""
+        for row in rows:
+            self.indexes[row].mark()
+
+    def end_round(self, rows: Iterable[int]) -> None:
+        """Forgets what `rows` appended since `begin_round`."""
+        for row in rows:
+            self.indexes[row].rollback()
 
     def found(self, row: int, wanted: int) -> list[int]:
         """Up to `wanted` drafts for row `row`'s next tokens, through the first EOS among them."""

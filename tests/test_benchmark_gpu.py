@@ -131,6 +131,10 @@ def test_a_compiled_rounds_host_time_is_split_by_the_loops_ranges(smoke_run):
     # every range ran in every round (the draft, the verify forward, the verification, the round's read)
     assert all(host["ms_per_round"][name] > 0 for name in ("draft", "target_forward", "verify", "sync"))
     assert sum(host["ms_per_round"].values()) == pytest.approx(host["wall_ms_per_round"], rel=1e-6)
+    # γ draft steps and the verify forward a round, compiled (the first round's prefills are eager, the last rounds
+    # near max_new_tokens draft fewer); the verification launches outside them; the host's work between rounds
+    assert GAMMA - 1 < host["compiled_calls_per_round"] <= GAMMA + 1
+    assert host["launches_per_round"]["verify"] > 0 and host["between_rounds_ms"] > 0
     assert "## Host time of a compiled round" in (out / "smoke.md").read_text()
 
 

@@ -8,16 +8,19 @@ from __future__ import annotations
 import json
 import statistics
 from dataclasses import fields
+from unittest.mock import patch
 
 import pytest
 import torch
 from conftest import EOS, prompt, tiny_llama, tiny_tokenizer
 
 import hf_semspec
+import hf_semspec.generation
 from hf_semspec.compare import (
     ComparisonReport,
     ConfigurationResult,
     PromptResult,
+    load_prompts,
     main,
     new_token_ids,
     parse_configuration,
@@ -115,8 +118,18 @@ def test_a_scorer_is_averaged_and_paired_against_exact(target, unrelated_draft):
     assert flipped.score_mean == pytest.approx(5 / 3)
     assert (flipped.score_wins, flipped.score_losses, flipped.score_ties) == (1, 1, 1)
     assert sorted(calls) == [0, 0, 1, 1, 2, 2]  # once per distinct output of a prompt
-    with pytest.raises(SemSpecConfigError, match=r"`score` = 'yes' is not valid: allowed a number.*Fix"):
-        hf_semspec.compare(target, unrelated_draft, prompts[:1], rules=[], score=lambda p, t: "yes", **QUICK)
+    decoded = []
+    real_generate = hf_semspec.generation.generate
+
+    def counting_generate(*args, **kwargs):
+        decoded.append(kwargs.get("acceptance"))
+        return real_generate(*args, **kwargs)
+
+    with patch.object(hf_semspec.generation, "generate", counting_generate):
+        with pytest.raises(SemSpecConfigError, match=r"`score` = 'yes' is not valid: allowed a number.*Fix"):
+            hf_semspec.compare(target, unrelated_draft, prompts, rules=[FLIP], score=lambda p, t: "yes", **QUICK)
+    # a scorer that returns no number fails on the warm-up's first output (exact's), before any timed call
+    assert decoded == ["exact"]
 
 
 def test_seeded_sampling_repeats_and_each_prompt_gets_seed_plus_its_index(target, close_draft):
@@ -197,7 +210,7 @@ PROMPT_TYPES = {
     "nll": float, "nll_increase": float, "score": float, "tau": float, "acceptance_rate": float,
 }
 REPORT_TYPES = {"configurations": list, "num_prompts": int, "repeats": int, "seed": int, "generate_kwargs": dict,
-                "reference": str, "timing": str}
+                "decoding": dict, "reference": str, "timing": str}
 
 
 def test_every_field_of_the_report_is_present_and_typed(target, close_draft):
@@ -216,6 +229,9 @@ def test_every_field_of_the_report_is_present_and_typed(target, close_draft):
 
     check(data, REPORT_TYPES)
     assert data["generate_kwargs"] == {"max_new_tokens": 12} and data["num_prompts"] == 2
+    # what the calls ran with: the call's keywords, else the model's generation config (the tiny model sets none)
+    assert data["decoding"] == {"do_sample": False, "temperature": None, "top_p": None, "top_k": None,
+                                "max_new_tokens": 12}
     for row in data["configurations"]:
         check(row, ROW_TYPES)
         assert len(row["per_prompt"]) == 2
@@ -356,3 +372,61 @@ def test_the_cli_drafts_by_prompt_lookup_without_a_draft(saved_pair, tmp_path, c
         with pytest.raises(SystemExit) as stopped:
             main(argv)
         assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_cli_keeps_generate_kwargs_and_refuses_a_flag_that_disagrees(saved_pair, tmp_path, capsys):
+    (tmp_path / "prompts.jsonl").write_text('{"input_ids": [5, 9, 20, 31]}\n')
+    common = ["--target", str(saved_pair / "target"), "--draft", str(saved_pair / "draft"), "--prompts",
+              str(tmp_path / "prompts.jsonl"), "--rules", "exact", "--repeats", "1", "--no-progress", "--device", "cpu"]
+    output = tmp_path / "r.json"
+    given = '{"max_new_tokens": 5, "do_sample": true, "top_k": 3, "max_matching_ngram_size": 3}'
+    assert main(common + ["--generate-kwargs", given, "--prompt-lookup", "2", "--output", str(output)]) == 0
+    data = json.loads(output.read_text())
+    # no flag overrode them (`--prompt-lookup K` without `:N` leaves N to --generate-kwargs)
+    assert data["generate_kwargs"] == {"max_new_tokens": 5, "do_sample": True, "top_k": 3,
+                                       "max_matching_ngram_size": 3, "prompt_lookup_num_tokens": 2}
+    assert data["decoding"]["do_sample"] is True and data["decoding"]["top_k"] == 3
+    assert all(0 < p["new_tokens"] <= 5 for p in data["configurations"][0]["per_prompt"])
+    capsys.readouterr()
+    for extra, message in (
+        (["--max-new-tokens", "8", "--generate-kwargs", '{"max_new_tokens": 5}'],
+         "--max-new-tokens sets max_new_tokens=8 and --generate-kwargs sets max_new_tokens=5. Fix: give it once"),
+        (["--sample", "--generate-kwargs", '{"do_sample": false}'], "--sample sets do_sample=True"),
+        (["--generate-kwargs", '{"acceptance": "fly"}'], "--generate-kwargs sets ['acceptance'], which compare()"),
+        (["--repeats", "0"], "--repeats 0: at least 1"),
+    ):
+        with pytest.raises(SystemExit) as stopped:
+            main(common + extra)
+        assert stopped.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_a_prompts_file_of_json_records_is_not_read_as_text(tmp_path):
+    records = '{"prompt": "abcd", "answer": "1"}\n{"prompt": "efgh"}\n'
+    (tmp_path / "prompts.txt").write_text(records)
+    with pytest.raises(ValueError, match=r"every line is a JSON object .* Fix: name it .jsonl, or pass "
+                                         r"--prompts-format jsonl"):
+        load_prompts(tmp_path / "prompts.txt")
+    assert load_prompts(tmp_path / "prompts.txt", "text") == ["{\"prompt\": \"abcd\", \"answer\": \"1\"}",
+                                                             "{\"prompt\": \"efgh\"}"]
+    (tmp_path / "prompts.NDJSON").write_text(records)
+    assert load_prompts(tmp_path / "prompts.NDJSON") == [{"prompt": "abcd", "answer": "1"}, {"prompt": "efgh"}]
+    (tmp_path / "mixed.txt").write_text('{"prompt": "abcd"}\nplain text\n')
+    assert load_prompts(tmp_path / "mixed.txt") == ['{"prompt": "abcd"}', "plain text"]
+
+
+def test_sampling_from_the_models_config_is_reported_and_warned(target, close_draft):
+    config = target.generation_config
+    saved = (config.do_sample, config.temperature, config.top_p)
+    config.do_sample, config.temperature, config.top_p = True, 0.7, 0.8  # as Qwen2.5-Instruct ships
+    try:
+        with pytest.warns(UserWarning, match=r"compare\(\) samples: do_sample=True comes from the model's generation "
+                                             r"config.*temperature=0.7.*Pass do_sample=False for greedy"):
+            report = hf_semspec.compare(target, close_draft, [prompt(8)], rules=[], **QUICK)
+        assert report.decoding == {"do_sample": True, "temperature": 0.7, "top_p": 0.8, "top_k": None,
+                                   "max_new_tokens": 12}
+        assert "(decoding, with the model's generation config: do_sample=True, temperature=0.7" in report.to_markdown()
+        # said in the call: no warning, and the call's value wins
+        greedy = hf_semspec.compare(target, close_draft, [prompt(8)], rules=[], do_sample=False, **QUICK)
+        assert greedy.decoding["do_sample"] is False
+    finally:
+        config.do_sample, config.temperature, config.top_p = saved

@@ -102,21 +102,19 @@ def test_every_rule_and_policy_decode_the_same_on_static_and_dynamic_caches(
 
 
 class CountingCalls:
-    """Wraps a callable and counts its calls."""
+    """Wraps a callable, counts its calls and records the shape of each call's `input_ids`."""
 
     def __init__(self, inner):
-        self.inner, self.calls = inner, 0
+        self.inner, self.calls, self.shapes = inner, 0, []
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
+        self.shapes.append(tuple(kwargs["input_ids"].shape))
         return self.inner(*args, **kwargs)
 
 
-def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fresh_compiler):
-    """With a compile_config the draft's steps and the target's verify forwards run compiled (all but the first of
-    each model, which prefills the prompt), and greedy `exact` still equals plain greedy decoding."""
-    target = tiny_llama(seed=0)  # its own compiled forward, not shared with other tests' models
-    hf_semspec.attach(target)
+def counted_compiled_forwards(monkeypatch) -> dict:
+    """The compiled forwards the loop builds from now on, by model, each wrapped in `CountingCalls`."""
     compiled = {}
     real = decoding.compiled_forward
 
@@ -125,6 +123,15 @@ def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fr
         return compiled[model]
 
     monkeypatch.setattr(decoding, "compiled_forward", counting)
+    return compiled
+
+
+def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fresh_compiler):
+    """With a compile_config the draft's steps and the target's verify forwards run compiled (all but the first of
+    each model, which prefills the prompt), and greedy `exact` still equals plain greedy decoding."""
+    target = tiny_llama(seed=0)  # its own compiled forward, not shared with other tests' models
+    hf_semspec.attach(target)
+    compiled = counted_compiled_forwards(monkeypatch)
     ids = prompt(8)
     out = target.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=4,
                           max_new_tokens=24, cache_implementation="static", compile_config=cpu_compile_config(),
@@ -133,6 +140,46 @@ def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fr
     stats = out.acceptance_stats
     assert compiled[target].calls == stats.num_target_forwards - 1
     assert compiled[close_draft].calls == stats.num_drafted - 1
+
+
+@pytest.mark.parametrize("policy, gamma", [("constant", 3), ("heuristic", 4)])
+@pytest.mark.parametrize("batch_size", [1, 2])
+def test_a_compiled_verify_forward_keeps_one_shape_and_compiles_once(
+    monkeypatch, close_draft, fresh_compiler, policy, gamma, batch_size
+):
+    """Rounds shorter than the policy's length (near max_length; a policy that varies γ) re-feed cached slots, so the
+    verify forward keeps the shape (B, γ + 1) and compiles one graph; rounds longer than it (heuristic's growth) keep
+    their own; the text is plain greedy decoding's."""
+    target = tiny_llama(seed=0)
+    hf_semspec.attach(target)
+    compiled = counted_compiled_forwards(monkeypatch)
+    # constant: a draft with the target's weights, so every round drafts γ and emits γ + 1 = 4 tokens until the
+    # last, whose budget max_length cuts to 2 (20 new tokens after 5 rounds, 3 left); heuristic: lengths that vary
+    draft = tiny_llama(seed=0) if policy == "constant" else close_draft
+    ids, mask = prompt(8).repeat(batch_size, 1), torch.ones(batch_size, 8, dtype=torch.long)
+    if batch_size == 2:
+        ids[1, :3], mask[1, :3] = 0, 0  # a left-padded row: positions come from the mask
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    out = target.generate(ids, attention_mask=mask, assistant_model=draft, acceptance="exact",
+                          draft_length=policy, num_assistant_tokens=gamma, max_new_tokens=23,
+                          cache_implementation="static", compile_config=cpu_compile_config(),
+                          return_dict_in_generate=True)
+    for row in range(batch_size):
+        start = 3 if row else 0
+        alone = plain_greedy(target, ids[row : row + 1, start:], max_new_tokens=23)[0, 8 - start :]
+        assert torch.equal(out.sequences[row, 8 : 8 + alone.shape[0]], alone)
+    verify_shapes = compiled[target].shapes
+    assert len(verify_shapes) == out.acceptance_stats.num_target_forwards - 1
+    if policy == "constant":
+        # every round's verify forward, the last ones near max_length (fewer drafts) too, at one shape
+        assert set(verify_shapes) == {(batch_size, gamma + 1)}
+        assert out.acceptance_stats.num_target_forwards == 6
+        assert out.acceptance_stats.num_drafted == batch_size * (5 * gamma + 2)  # the last round drafts 2
+        # the verify forward, the draft's step and its two-slot catch-up step: three graphs, none recompiled
+        assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3
+    else:  # rounds at most the initial length share its shape; longer ones have their own
+        assert all(width >= gamma + 1 for _, width in verify_shapes)
+        assert (batch_size, gamma + 1) in set(verify_shapes)
 
 
 def test_compiled_sampling_draws_as_the_eager_path(close_draft, fresh_compiler):

@@ -158,10 +158,11 @@ def ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
-def random_model(shape: str, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
-    """A Qwen2 causal LM of `shape` with random weights (normal, std 0.02, as transformers initializes them)."""
+def random_model(shape: str, dtype: torch.dtype, device: str, seed: int, **overrides) -> Qwen2ForCausalLM:
+    """A Qwen2 causal LM of `shape` with random weights (normal, std 0.02, as transformers initializes them);
+    `overrides` replace fields of the shape (benchmarks/host_work.py narrows it)."""
     torch.manual_seed(seed)
-    config = Qwen2Config(**SHAPES[shape], tie_word_embeddings=False, max_position_embeddings=32768,
+    config = Qwen2Config(**{**SHAPES[shape], **overrides}, tie_word_embeddings=False, max_position_embeddings=32768,
                          eos_token_id=None, bos_token_id=None, pad_token_id=0)
     with torch.device(device):
         model = Qwen2ForCausalLM(config).to(dtype).eval()

@@ -45,10 +45,9 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
-from transformers import CompileConfig, Qwen2Config, Qwen2ForCausalLM  # noqa: E402
 
-import hf_semspec  # noqa: E402
 from benchmarks import markdown, profiling, report  # noqa: E402
+from benchmarks import gpu  # noqa: E402
 from benchmarks.gpu import SHAPES  # noqa: E402
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -69,48 +68,39 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--compile-backend", default="inductor")
     parser.add_argument("--compile-mode", default=None,
-                        help="torch.compile mode (default: reduce-overhead on a GPU, the backend's default elsewhere)")
+                        help="torch.compile mode, 'none' for the backend's default (default: reduce-overhead on a "
+                             "GPU, none elsewhere)")
     parser.add_argument("--output-dir", type=Path, default=REPO_ROOT / "benchmarks" / "results" / "gpu")
     parser.add_argument("--name", default=None, help="results name (default host-work-<device>)")
     parser.add_argument("--seed", type=int, default=0)
     return parser
 
 
-def model_of(shape: str, width: int, dtype: torch.dtype, device: str, seed: int) -> Qwen2ForCausalLM:
-    """A random-weight Qwen2 of `shape`'s layer count and head layout, `width` wide (0: the real shape)."""
-    values = dict(SHAPES[shape])
-    if width:
-        heads, kv_heads = values["num_attention_heads"], values["num_key_value_heads"]
-        head_dim = 16
-        values.update(hidden_size=width, intermediate_size=2 * width, vocab_size=512,
-                      num_attention_heads=max(width // head_dim, 1),
-                      num_key_value_heads=max(width // head_dim * kv_heads // heads, 1))
-    torch.manual_seed(seed)
-    config = Qwen2Config(**values, tie_word_embeddings=False, max_position_embeddings=32768, eos_token_id=None,
-                         bos_token_id=None, pad_token_id=0)
-    with torch.device(device):
-        model = Qwen2ForCausalLM(config).to(dtype).eval()
-    model.generation_config.eos_token_id = None  # every call makes exactly its new tokens
-    return hf_semspec.attach(model)
+def narrowed(shape: str, width: int) -> dict:
+    """The `gpu.random_model` overrides that keep `shape`'s layer count and head layout at `width` (16-wide heads, a
+    512-token vocabulary); none for `width` 0, the real shape."""
+    if not width:
+        return {}
+    heads, kv_heads = SHAPES[shape]["num_attention_heads"], SHAPES[shape]["num_key_value_heads"]
+    return dict(hidden_size=width, intermediate_size=2 * width, vocab_size=512,
+                num_attention_heads=max(width // 16, 1), num_key_value_heads=max(width // 16 * kv_heads // heads, 1))
+
+
+def call_lengths(args) -> tuple[int, int]:
+    """The new tokens of the shorter and the longer call, whose difference is measured."""
+    return max(args.new_tokens // 3, args.gamma + 2), args.new_tokens
 
 
 def measure(target, draft, args, batch_size: int, speculative: bool) -> dict:
     """Per round (per token for plain decoding): the difference between a long and a short call."""
     prompt = torch.randint(1, 500, (batch_size, args.prompt_length), generator=torch.Generator().manual_seed(args.seed))
     prompt = prompt.to(args.device)
-    mode = args.compile_mode or ("reduce-overhead" if torch.device(args.device).type == "cuda" else None)
-    config = CompileConfig(backend=args.compile_backend, mode=mode, fullgraph=True)
-    if torch.device(args.device).type != "cuda":
-        config._compile_all_devices = True
-    kwargs = dict(do_sample=False, cache_implementation="static", compile_config=config, return_dict_in_generate=True)
+    kwargs = dict(do_sample=False, cache_implementation="static", compile_config=gpu.compile_config(args),
+                  return_dict_in_generate=True)
     if speculative:
         kwargs.update(assistant_model=draft, acceptance="exact", num_assistant_tokens=args.gamma,
                       draft_length="constant")
-    lengths = (max(args.new_tokens // 3, args.gamma + 2), args.new_tokens)
-    if lengths[0] >= lengths[1]:
-        raise SystemExit(f"--new-tokens {args.new_tokens}: at least 3·(γ + 2) = {3 * (args.gamma + 2)} at --gamma "
-                         f"{args.gamma}, so that the shorter call's {lengths[0]} tokens are fewer. Fix: pass "
-                         f"--new-tokens {3 * (args.gamma + 2)} or more")
+    lengths = call_lengths(args)
 
     def call(new_tokens: int):
         out = target.generate(prompt, max_new_tokens=new_tokens, **kwargs)
@@ -162,9 +152,9 @@ def render(results: dict) -> str:
         f"Target `{setup['target']}`, draft `{setup['draft']}`"
         + (f" at width {setup['width']} (their layer counts; 512-token vocabulary)" if setup["width"] else "")
         + f", {setup['dtype']}, {setup['device']}, `{setup['compile_backend']}`"
-        + (f" `{setup['compile_mode']}`" if setup["compile_mode"] else "") + f", γ = {setup['gamma']}, greedy, "
-        "static caches; per round (plain decoding: per token), the difference of two calls (benchmarks/host_work.py "
-        "says how each figure is taken).", "",
+        + (f" `{setup['compile_mode']}`" if setup["compile_mode"] not in (None, "none") else "")
+        + f", γ = {setup['gamma']}, greedy, static caches; per round (plain decoding: per token), the difference of "
+        "two calls (benchmarks/host_work.py says how each figure is taken).", "",
     ]
     header = ["method", "batch", "unit", "compiled calls", "launches outside", *RANGES, "rest",
               "host ms outside", "between rounds ms", "ms inside compiled", "wall ms"]
@@ -188,10 +178,16 @@ def main(argv: list[str] | None = None) -> dict:
     if args.width is None:
         args.width = 0 if on_gpu else 64
     args.dtype = args.dtype or ("bfloat16" if on_gpu else "float32")
+    args.compile_mode = args.compile_mode or ("reduce-overhead" if on_gpu else "none")  # (gpu.compile_config's form)
+    short, long = call_lengths(args)
+    if short >= long:
+        raise SystemExit(f"--new-tokens {args.new_tokens}: at least 3·(γ + 2) = {3 * (args.gamma + 2)} at --gamma "
+                         f"{args.gamma}, so that the shorter call's {short} tokens are fewer. Fix: pass "
+                         f"--new-tokens {3 * (args.gamma + 2)} or more")
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
     dtype = getattr(torch, args.dtype)
-    target = model_of(args.target, args.width, dtype, args.device, args.seed)
-    draft = model_of(args.draft, args.width, dtype, args.device, args.seed + 1)
+    target = gpu.random_model(args.target, dtype, args.device, args.seed, **narrowed(args.target, args.width))
+    draft = gpu.random_model(args.draft, dtype, args.device, args.seed + 1, **narrowed(args.draft, args.width))
     results = {"setup": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
                "machine": report.machine_info(), "records": []}
     for batch_size in [int(b) for b in args.batch_sizes.split(",") if b]:

@@ -36,9 +36,10 @@ Time: compilation takes most of a GPU run: 70-80 s a graph for a 28-layer model 
 `reduce-overhead`).
 The compiled parts compile one graph per model and input shape (`graph_plan`, stored as `graph_plan`; what torch
 really compiled is counted, `graphs_compiled`): at each batch size, plain decoding's step, the verify forward (γ + 1),
-the draft's step and its 2-token catch-up step: 4 graphs; α = 1 adds none (weights zeroed in place, the same graphs);
-`mla` 1 (the draft over 1 + k tokens); `warmup` recompiles batch 1's 4 from the caches (cheaper, not measured yet). The
-default 7B run is thus 4 + 4 + 1 graphs, about 11 minutes at 75 s a graph, plus about 1.5 minutes of runs: more than
+the verification (small) and the draft's round (its 2-token and 1-token step shapes, compiled once each as nested
+regions: about 2 graphs' time): about 4 graphs; α = 1 adds none (weights zeroed in place, the same graphs); `mla` 1
+(the draft over 1 + k tokens); `warmup` recompiles batch 1's from the caches (cheaper, not measured yet). The default
+7B run is thus about 4 + 4 + 1 graphs, about 11 minutes at 75 s a graph, plus about 1.5 minutes of runs: more than
 8 minutes. `--budget-s` (480) keeps a call within its time: before each group (a batch size, `mla`, `warmup`) the run
 prices it at `--graph-seconds` a graph (75, replaced by the run's own measure once its first compiled call is timed) and
 the runs at twice the slowest run so far; a group that does not fit is skipped and listed in `skipped`, with the
@@ -269,15 +270,17 @@ def forward_costs(model, args, timer: Timer, batch_size: int, gammas: list[int])
 
 
 class ForwardTimes:
-    """The device time of every forward the speculative loop makes (`CachedModel.forward`) while the context is open:
-    the costs of exactly the graphs a live run compiled, at no compilation of their own. CUDA events, read once the
-    runs are over (no sync inside the loop); wall time on a CPU. Draft steps keep one logit, verify forwards γ + 1.
+    """The device time of every forward the speculative loop makes (`CachedModel.forward`, and the compiled draft
+    round's γ steps as one, `CachedModel.greedy_round`) while the context is open: the costs of exactly the graphs a
+    live run compiled, at no compilation of their own. CUDA events, read once the runs are over (no sync inside the
+    loop); wall time on a CPU. Draft steps keep one logit, verify forwards γ + 1.
     Not `metrics.ForwardMeter`: its module hooks would run inside a compiled forward, and it reads the host's clock
     without a sync, which on a GPU times kernel launches, not kernels."""
 
     def __init__(self, device: str):
         self.cuda = torch.device(device).type == "cuda"
         self.calls: list[tuple[int, int, object, object]] = []  # (new tokens, logits kept, start, end)
+        self.rounds: list[tuple[int, object, object]] = []  # compiled draft rounds: (γ, start, end)
 
     def _mark(self):
         if not self.cuda:
@@ -296,25 +299,42 @@ class ForwardTimes:
             self.calls.append((new_tokens, num_logits, start, self._mark()))
             return logits
 
-        CachedModel.forward = timed
+        original_round = CachedModel.greedy_round
+
+        def timed_round(runner, batch, end, num_steps, round_function, **pick):
+            start = self._mark()
+            tokens = original_round(runner, batch, end, num_steps, round_function, **pick)
+            self.rounds.append((num_steps, start, self._mark()))
+            return tokens
+
+        CachedModel.forward, CachedModel.greedy_round = timed, timed_round
         try:
             yield self
         finally:
-            CachedModel.forward = original
+            CachedModel.forward, CachedModel.greedy_round = original, original_round
+
+    def _ms(self, start, end) -> float:
+        return start.elapsed_time(end) if self.cuda else (end - start) * 1e3
 
     def median_ms(self, new_tokens: int, num_logits: int) -> float | None:
         """Median ms of the recorded forwards over `new_tokens` slots keeping `num_logits` logits (None if none)."""
         if self.cuda:
             torch.cuda.synchronize()
-        times = [start.elapsed_time(end) if self.cuda else (end - start) * 1e3
-                 for n, k, start, end in self.calls if n == new_tokens and k == num_logits]
+        times = [self._ms(start, end) for n, k, start, end in self.calls if n == new_tokens and k == num_logits]
+        return statistics.median(times) if times else None
+
+    def round_ms(self, num_steps: int) -> float | None:
+        """Median ms of the recorded compiled draft rounds of `num_steps` steps (None if none)."""
+        if self.cuda:
+            torch.cuda.synchronize()
+        times = [self._ms(start, end) for steps, start, end in self.rounds if steps == num_steps]
         return statistics.median(times) if times else None
 
     def total_ms(self) -> float:
-        """ms of every recorded forward, summed."""
+        """ms of every recorded forward and compiled draft round, summed."""
         if self.cuda:
             torch.cuda.synchronize()
-        return sum(start.elapsed_time(end) if self.cuda else (end - start) * 1e3 for _, _, start, end in self.calls)
+        return sum(self._ms(start, end) for *_, start, end in self.calls + self.rounds)
 
 
 def interpolated(costs: dict[int, float], gamma: int) -> float:
@@ -499,22 +519,38 @@ def host_breakdown(target, draft, args, new_tokens: int) -> dict:
             "note": "host ms per round under the profiler (which adds its own overhead); see host_breakdown()"}
 
 
+def drafts_in_one_round(rule: str) -> bool:
+    """Whether `rule`'s greedy runs draft with the compiled round (`ModelDrafter`: no q kept, no redistribution; the
+    live runs have no logits processor)."""
+    instance = RULES.get(rule)()
+    return not (instance.requires_draft_probs or instance.redistributes_draft)
+
+
 def graph_plan(args, rules: list[str], parts: list[str]) -> list[dict]:
     """The distinct graphs the compiled parts compile, one per model and input shape `(batch, new tokens)`: at each
-    batch size of `--compiled-batch-sizes`, plain decoding's step (the target, 1 token), the verify forward (the
-    target, γ + 1 tokens; not for `dropmatch` alone, whose target forward stays eager), the draft's step (1 token) and
-    its catch-up step (2 tokens); `mla`, the draft's forward over 1 + k tokens keeping their logits; `warmup`, the
-    batch-1 graphs again after `torch._dynamo.reset()`, from torch's compile caches (`cached`: cheaper, not free).
-    α = 1 runs add none: they zero weights in place (`always_token_zero`). torch may compile a shape once more with
-    dynamic sizes (its automatic dynamic shapes); the run counts what it really compiled (`graphs_compiled`)."""
+    batch size of `--compiled-batch-sizes` (its rules: all at batch 1, `exact` in batches), plain decoding's step (the
+    target, 1 token), the verify forward (the target, γ + 1 tokens) and the rules' verification (no forward: priced
+    at nothing; neither for `dropmatch` alone, whose target forward stays eager), the draft's round (γ forwards in one
+    graph whose two step shapes compile once each, `forwards`: priced as 2 graphs) for the rules that draft greedily
+    in one call (`drafts_in_one_round`) and
+    the draft's step (1 token) and catch-up step (2 tokens) for the others; `mla`, the draft's forward over 1 + k
+    tokens keeping their logits; `warmup`, the batch-1 graphs again after `torch._dynamo.reset()`, from torch's
+    compile caches (`cached`: cheaper, not free). α = 1 runs add none: they zero weights in place
+    (`always_token_zero`). torch may compile a shape once more with dynamic sizes (its automatic dynamic shapes); the
+    run counts what it really compiled (`graphs_compiled`)."""
     plan = []
     if "compiled" in parts:
         for batch_size in ints(args.compiled_batch_sizes):
+            here = [r for r in rules if not RULES.get(r).redistributes_draft] if batch_size == 1 else ["exact"]
             plan.append(dict(model="target", batch_size=batch_size, tokens=1, what="plain decoding's step"))
-            if any(rule != "dropmatch" for rule in rules):
+            if any(rule != "dropmatch" for rule in here):
                 plan.append(dict(model="target", batch_size=batch_size, tokens=args.gamma + 1, what="verify forward"))
-            plan.append(dict(model="draft", batch_size=batch_size, tokens=1, what="draft step"))
-            plan.append(dict(model="draft", batch_size=batch_size, tokens=2, what="draft catch-up step"))
+                plan.append(dict(model="target", batch_size=batch_size, tokens=0, what="verification", forwards=0))
+            if any(drafts_in_one_round(rule) for rule in here):  # (two step shapes, each compiled once: 2 graphs)
+                plan.append(dict(model="draft", batch_size=batch_size, tokens=2, forwards=2, what="draft round"))
+            if not all(drafts_in_one_round(rule) for rule in here):
+                plan.append(dict(model="draft", batch_size=batch_size, tokens=1, what="draft step"))
+                plan.append(dict(model="draft", batch_size=batch_size, tokens=2, what="draft catch-up step"))
     if "mla" in parts:
         plan.append(dict(model="draft", batch_size=1, tokens=1 + args.mla_k, what="multi-level drafting's forward"))
     if "warmup" in parts:
@@ -814,8 +850,8 @@ def main(argv: list[str] | None = None) -> dict:
     results["skipped"] = []
 
     def skip_unless_fits(part: str, batch_size: int, graphs: int, runs: int, scale: float = 1.0) -> bool:
-        """Whether `graphs` compilations and `runs` runs fit what is left of `--budget-s`; if not, the group is
-        recorded in `skipped` with the command that runs it alone."""
+        """Whether `graphs` compilations (of one forward each) and `runs` runs fit what is left of `--budget-s`; if
+        not, the group is recorded in `skipped` with the command that runs it alone."""
         needed, left = budget.estimate(graphs, runs, scale), budget.left()
         if needed <= left:
             return True
@@ -906,7 +942,8 @@ def main(argv: list[str] | None = None) -> dict:
             batch_rules = ["exact"] + [r for r in spec_rules if r != "exact"] if batch_size == 1 else ["exact"]
             graphs = [g for g in plan if g["batch_size"] == batch_size and "cached" not in g
                       and g["what"] != "multi-level drafting's forward"]
-            if not skip_unless_fits("compiled", batch_size, len(graphs), len(batch_rules) + 3,
+            forwards = sum(graph.get("forwards", 1) for graph in graphs)  # the draft's round compiles as 2 graphs
+            if not skip_unless_fits("compiled", batch_size, forwards, len(batch_rules) + 3,
                                     tokens * batch_size / args.new_tokens):
                 continue
             verification = (costs["verification"] if batch_size == 1 else
@@ -922,6 +959,9 @@ def main(argv: list[str] | None = None) -> dict:
                                      **common), "draft": "independent"})
                 budget.learn(record)
                 record["draft_step_ms"] = times.median_ms(1, 1)
+                record["draft_round_ms"] = times.round_ms(args.gamma)
+                if record["draft_round_ms"] is not None:  # greedy drafts: one compiled call a round, a step its share
+                    record["draft_step_ms"] = record["draft_round_ms"] / args.gamma
                 record["verify_ms"] = times.median_ms(args.gamma + 1, args.gamma + 1)
                 return host_overhead(record, times, verification[rule])
 

@@ -123,11 +123,14 @@ def compiles_forward(model, cache: Cache, generation_config: GenerationConfig) -
     `generation_config` (`GenerationMixin._valid_auto_compile_criteria`): a compileable cache that is not a
     `DynamicCache` (a static one), on a GPU-like device or with `compile_config._compile_all_devices`, and neither
     `disable_compile`, a quantizer that cannot compile, nor CPU or disk offloading. A model that is not a
-    `GenerationMixin` (a pruned drafter) is judged by its backbone (`model.model`)."""
-    judge = model if hasattr(model, "_valid_auto_compile_criteria") else getattr(model, "model", None)
-    if not hasattr(judge, "_valid_auto_compile_criteria"):
+    `GenerationMixin` (a pruned drafter) is judged by its backbone (`model.model`, a `PreTrainedModel`, which has the
+    device, quantizer and device map the rule reads but not the method: transformers' rule is applied to it)."""
+    if hasattr(model, "_valid_auto_compile_criteria"):
+        return bool(model._valid_auto_compile_criteria({CACHE_ARGUMENT: cache}, generation_config))
+    backbone = getattr(model, "model", None)
+    if not hasattr(backbone, "device"):
         return False
-    return bool(judge._valid_auto_compile_criteria({CACHE_ARGUMENT: cache}, generation_config))
+    return bool(GenerationMixin._valid_auto_compile_criteria(backbone, {CACHE_ARGUMENT: cache}, generation_config))
 
 
 def rewind_cache(cache: Cache, num_tokens: int) -> None:

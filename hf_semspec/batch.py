@@ -129,6 +129,19 @@ class DecodingBatch:
         self.mask[:, slot] = self.new_slot_mask
         self.tokens.scatter_(1, (self.draft_starts + index)[:, None], token[:, None])
 
+    def open_draft_slots(self, num_drafts: int) -> None:
+        """Gives this round's first `num_drafts` draft slots their mask before the drafts are known, for a compiled
+        round whose later steps attend to the drafts before them (`write_drafts` then writes the same values)."""
+        self.mask[:, self.num_slots : self.num_slots + num_drafts] = self.new_slot_mask[:, None]
+
+    def write_drafts(self, tokens: torch.LongTensor) -> None:
+        """This round's drafts at once, `(batch, n)`: what `write_draft` writes for each, in a few launches for all."""
+        slot, count = self.num_slots, tokens.shape[1]
+        self.ids[:, slot : slot + count] = tokens
+        self.mask[:, slot : slot + count] = self.new_slot_mask[:, None]
+        offsets = torch.arange(count, device=self.device)
+        self.tokens.scatter_(1, self.draft_starts[:, None] + offsets, tokens)
+
     def prefix(self, row: int, extra: int) -> torch.LongTensor:
         """Row `row`'s tokens and its first `extra` drafts, `(1, lengths[row] + extra)`."""
         return self.tokens[row : row + 1, : self.lengths[row] + extra]

@@ -51,12 +51,12 @@ from ._transformers_compat import (
 from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .draft_length.base import UNSET_LENGTH_FALLBACK
-from .drafting import DraftBlock, ModelDrafter
+from .drafting import DraftBlock, ModelDrafter, greedy_steps
 from .errors import invalid_value
 from .model_calls import CachedModel, capture_lm_head_input
 from .ngram import NgramDrafter, PromptLookup, RowContexts, check_prompt_lookup
 from .processors import BatchProcessors
-from .rules.base import AcceptanceRule, VerificationInput
+from .rules.base import AcceptanceRule, VerificationInput, VerificationResult
 from .stats import AcceptanceStats
 
 # `cache_implementation` values the loop runs with: a `DynamicCache` (None: transformers' default), or static caches
@@ -251,6 +251,39 @@ def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
 _COMPILED_FORWARDS: "weakref.WeakKeyDictionary[torch.nn.Module, dict]" = weakref.WeakKeyDictionary()
 
 
+def compiled_round(compile_config) -> Callable:
+    """`drafting.greedy_steps` (a round's γ greedy draft steps) compiled with `compile_config`: one compiled function,
+    whose graphs are one per draft model and γ."""
+    return _compiled_function(greedy_steps, compile_config)
+
+
+def verification_tensors(rule: AcceptanceRule, draft_token_ids: torch.LongTensor,
+                         target_logits: torch.FloatTensor) -> tuple:
+    """`rule.verify` of a greedy round with no per-row limit, from tensors to tensors (`num_accepted`, `next_token`,
+    `accepted`, `num_matched`), for `torch.compile` to make one graph of the rule's verification: every rule's
+    `verify` is tensor work with no host read."""
+    result = rule.verify(VerificationInput(draft_token_ids=draft_token_ids, target_logits=target_logits))
+    return result.num_accepted, result.next_token, result.accepted, result.num_matched
+
+
+def compiled_verification(compile_config) -> Callable:
+    """`verification_tensors` compiled with `compile_config`: one compiled function, whose graphs are one per rule,
+    its options and the round's shapes."""
+    return _compiled_function(verification_tensors, compile_config)
+
+
+def _compiled_function(function: Callable, compile_config) -> Callable:
+    """`function` compiled with `compile_config` (transformers' default where None), kept per function and config."""
+    config = compile_config if compile_config is not None else CompileConfig()
+    key = (function.__name__, repr(config.to_dict()))
+    if key not in _COMPILED_FUNCTIONS:
+        _COMPILED_FUNCTIONS[key] = torch.compile(function, **config.to_dict())
+    return _COMPILED_FUNCTIONS[key]
+
+
+_COMPILED_FUNCTIONS: dict[tuple[str, str], Callable] = {}
+
+
 def round_budget(wanted: int, room: int, free_slots: int | None, holes: bool) -> int:
     """The drafts a round may make: what the policy `wanted`, less than the `room` (tokens) the row with the most
     left may still add (a round adds up to γ + 1), and, on static caches, within their `free_slots` (`None`: dynamic
@@ -298,6 +331,16 @@ def _typical_length(policy: DraftLengthPolicy) -> int:
     return min(value if isinstance(value, int) else UNSET_LENGTH_FALLBACK, 16)
 
 
+def _compiled_gamma(policy: DraftLengthPolicy) -> int | None:
+    """The γ of the compiled draft round and the compiled verification: the length the policy names where it is at
+    most 16 (`_typical_length` uncapped) and the policy decides once per round; None otherwise: a per-token policy's
+    rounds end at any length, and a longer policy's rounds never have this one but in the call's last rounds, which
+    would compile the graphs there."""
+    value = getattr(policy.config, policy.length_field, None) if policy.length_field else None
+    value = value if isinstance(value, int) else UNSET_LENGTH_FALLBACK
+    return None if policy.decides_per_token or value > 16 else value
+
+
 def _static_caches(model, assistant_model, target_cache, generation_config, input_ids: torch.LongTensor,
                    max_length: int, typical_length: int, capture_hidden: bool):
     """The target's and the draft's static caches and the two compiled forwards (or None), for
@@ -339,7 +382,8 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
         target_cache = StaticCache(config=model.config, max_cache_len=capacity)
     draft_cache = None
     if assistant_model is not None:
-        draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity)
+        # `typical_length` slots more than the batch's: a compiled round cut short near the end still runs its γ steps
+        draft_cache = StaticCache(config=assistant_model.config, max_cache_len=capacity + typical_length)
         if _has_sliding_layers(draft_cache):
             raise invalid_value(
                 "assistant_model", type(assistant_model).__name__,
@@ -414,7 +458,8 @@ def speculative_decode(
         # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens and the
         #    row with the most room left must stay within max_length (and, on static caches, within their slots);
         #    dynamic buffers grow first. A per-token policy may stop earlier.
-        budget = round_budget(draft_length.max_tokens(), batch.room(loop.max_length),
+        wanted = draft_length.max_tokens()
+        budget = round_budget(wanted, batch.room(loop.max_length),
                               batch.slot_capacity - batch.num_slots if loop.static else None,
                               holes=loop.static and batch.size > 1)
         # (A multi-level step writes its candidates within the budget on dynamic caches; on static ones its block is
@@ -422,7 +467,7 @@ def speculative_decode(
         # layout, which keeps k more.)
         batch.reserve(batch.num_slots + budget)
         batch.reserve_tokens(max(batch.lengths) + budget + 1 + (drafter.extra_slots if loop.static else 0))
-        draft = drafter.draft(batch, budget, draft_length)
+        draft = drafter.draft(batch, budget, draft_length, cut_short=budget < wanted)
         gamma = draft.num_tokens
 
         # 2. One target forward over the unseen slots and the drafts: logits for the γ + 1 verified positions.
@@ -436,7 +481,8 @@ def speculative_decode(
 
         # 4. Verify, each row as it would be alone (its own γ where max_length is nearer for it than for the batch).
         inputs = loop.verification_input(draft, processed, hidden)
-        result = rule.verify(inputs)
+        with record_function("hf_semspec.verify"):
+            result = loop.verify(rule, inputs)
 
         # 5. The round's one host sync: accepted counts, next tokens and drafts of every row (and the drafts that
         #    passed the rule's own test, when the rule has a deferred window); each row is cut at EOS, max_length and
@@ -527,6 +573,10 @@ class _Loop:
     records: list[_RowRecord]
     keep_scores: bool
     keep_logits: bool
+    # The rule's verification compiled (`compiled_verification`) where the loop compiles the target's forward, for
+    # greedy rounds of `verification_gamma` drafts; None: the rule's own `verify`, eager.
+    verification: Callable | None = None
+    verification_gamma: int | None = None
 
     @classmethod
     def set_up(cls, model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
@@ -598,6 +648,9 @@ class _Loop:
                 contexts=None if prompt_lookup is None else RowContexts(
                     input_ids, attention_mask, prompt_lookup, stop_token_ids=frozenset(eos_ids)
                 ),
+                # (the drafter uses it where its rounds allow: greedy drafts, no processors, no q kept, no lookup)
+                compiled_round=None if compiled_draft is None else compiled_round(generation_config.compile_config),
+                round_width=_compiled_gamma(draft_length),
             )
         if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
             caches = [("model", target_cache)]
@@ -630,7 +683,24 @@ class _Loop:
             records=[_RowRecord(AcceptanceStats(), [], []) for _ in range(batch_size)],
             keep_scores=bool(return_dict and generation_config.output_scores),
             keep_logits=bool(return_dict and generation_config.output_logits),
+            # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)
+            verification=compiled_verification(generation_config.compile_config) if (
+                compiled_target is not None and not do_sample and rule.compiles_verification
+                and _compiled_gamma(draft_length) is not None
+            ) else None,
+            verification_gamma=_compiled_gamma(draft_length),
         )
+
+    def verify(self, rule: AcceptanceRule, inputs: VerificationInput) -> VerificationResult:
+        """Step 4: `rule.verify(inputs)`, in one call of the compiled verification where the loop has one (greedy, the
+        target's forward compiled, a rule that `compiles_verification`: not one that reads hidden states, whose target
+        stays eager) and the round has its γ with no per-row limit (a row near its `max_length`, a lookup that found
+        fewer drafts); other rounds, near the end of a call or at a policy's other lengths, verify eagerly (no graph
+        compiled mid-call)."""
+        if (self.verification is None or inputs.draft_limits is not None
+                or inputs.num_draft_tokens != self.verification_gamma):
+            return rule.verify(inputs)
+        return VerificationResult(*self.verification(rule, inputs.draft_token_ids, inputs.target_logits))
 
     def verification_input(self, draft: DraftBlock, processed: torch.FloatTensor,
                            hidden: torch.FloatTensor | None) -> VerificationInput:

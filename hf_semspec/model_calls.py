@@ -9,7 +9,7 @@ from __future__ import annotations
 import inspect
 import threading
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 import torch
 from transformers.cache_utils import Cache
@@ -68,26 +68,51 @@ class CachedModel:
         if compiled and self.min_width is not None and fed < self.min_width <= end:
             self.rewind(end - self.min_width)  # the same shape as a forward of `min_width` new slots
             start, fed = self.cached, self.min_width
-        device = self.model.device
-        kwargs = dict(extra_forward_kwargs)
-        mask = batch.model_mask(end, full=self.static)
-        if mask is not None:
-            kwargs["attention_mask"] = mask.to(device)
-        if self.takes_position_ids:
-            kwargs["position_ids"] = batch.positions(start, end).to(device)
+        kwargs = {**extra_forward_kwargs, **self.inputs(batch, start, end)}
         if self.supports_logits_to_keep:  # (as many as fed when re-feeding: one value, one compiled graph)
             kwargs["logits_to_keep"] = fed if fed == self.min_width and compiled else num_logits
         kwargs[CACHE_ARGUMENT] = self.cache
-        input_ids = batch.ids[:, start:end].to(device)
-        if self.max_input_id is not None:
-            input_ids = input_ids.clamp_max(self.max_input_id)
-        outputs = (self.compiled if compiled else self.model)(input_ids=input_ids, use_cache=True, **kwargs)
+        outputs = (self.compiled if compiled else self.model)(use_cache=True, **kwargs)
         self.cached = end
         logits = outputs.logits[:, -num_logits:]
         if compiled and logits.dtype == torch.float32:
             # A CUDA graph's output is overwritten by its next replay (`float()` copies only other dtypes).
             return logits.clone()
         return logits.float()
+
+    def inputs(self, batch: DecodingBatch, start: int, end: int) -> dict[str, torch.Tensor]:
+        """The forward's `input_ids` of slots `[start, end)` and, where the batch needs them, its `attention_mask` (at
+        the caches' full length on static ones) and `position_ids`, on the model's device."""
+        device = self.model.device
+        input_ids = batch.ids[:, start:end].to(device)
+        kwargs = {"input_ids": input_ids if self.max_input_id is None else input_ids.clamp_max(self.max_input_id)}
+        mask = batch.model_mask(end, full=self.static)
+        if mask is not None:
+            kwargs["attention_mask"] = mask.to(device)
+        if self.takes_position_ids:
+            kwargs["position_ids"] = batch.positions(start, end).to(device)
+        return kwargs
+
+    def greedy_round(self, batch: DecodingBatch, end: int, num_steps: int, round_function: Callable,
+                     **pick) -> torch.LongTensor:
+        """Feeds slots `[cached, end)` and then, `num_steps − 1` times, the token it just picked, all in one call of
+        `round_function` (`drafting.greedy_steps`, compiled: one graph for the round); `pick` tells it how a step's
+        logits become a token (`vocab_size`, `kept_token_ids`). The batch's mask must already hold the slots the
+        picked tokens go to (`DecodingBatch.open_draft_slots`). The cache then holds `end + num_steps − 1` slots.
+
+        Returns:
+            `torch.LongTensor` of shape `(batch, num_steps)`: the picked tokens, in the call's own buffer (a CUDA
+            graph's output, which its next replay overwrites).
+        """
+        kwargs = self.inputs(batch, self.cached, end)
+        kwargs.setdefault("attention_mask", None)
+        kwargs.setdefault("position_ids", None)
+        tokens = round_function(
+            self.model, self.cache, **kwargs, increment=batch.new_slot_mask[:, None].to(self.model.device),
+            num_steps=num_steps, max_input_id=self.max_input_id, keep_one_logit=self.supports_logits_to_keep, **pick,
+        )
+        self.cached = end + num_steps - 1
+        return tokens
 
     def rewind(self, num_slots: int) -> None:
         """Forgets cached slots past the first `num_slots` (also when none are: with past recording on, that cuts a

@@ -300,10 +300,12 @@ class NgramDrafter:
         """Rows leave the batch: nothing to do (the contexts are kept by the caller's row index)."""
 
     @record_function("hf_semspec.draft")
-    def draft(self, batch: DecodingBatch, max_tokens: int, policy: DraftLengthPolicy | None = None) -> DraftBlock:
+    def draft(self, batch: DecodingBatch, max_tokens: int, policy: DraftLengthPolicy | None = None,
+              cut_short: bool = False) -> DraftBlock:
         """Looks up each row's drafts, at most min(k, `max_tokens`), and writes them into the slots after
         `batch.num_slots` (and after each row's tokens). A finished row kept for a static cache's shape drafts
-        nothing (its slots get `PADDING_DRAFT`).
+        nothing (its slots get `PADDING_DRAFT`). (`cut_short`: `ModelDrafter.draft`'s interface; a lookup has no
+        compiled round.)
 
         Returns:
             `DraftBlock` with `tokens` of shape `(batch, γ)`, `probs` one-hot of shape `(batch, γ, vocab)` when

@@ -31,8 +31,9 @@ class AcceptanceStats:
         num_row_forwards (`int`): target forwards counted once per row they verified: each row's rounds, summed
             over the rows (`num_target_forwards` for one row; filled from it when not given).
         num_draft_forwards (`int`): forward passes of the draft model, one per drafted token (fewer with multi-level
-            drafting; a batch's are shared by its rows: a row counts those of the rounds it took part in); 0 with
-            prompt-lookup drafts alone.
+            drafting; more in a compiled round that `max_length` cut short, which still runs its γ steps; a batch's
+            are shared by its rows: a row counts those of the rounds it took part in); 0 with prompt-lookup drafts
+            alone.
         num_ngram_hits (`int`): with prompt-lookup drafts, the rounds in which a row's lookup found drafts it could
             use, summed over the rows (`num_target_forwards − num_ngram_hits` rounds of one row verified no draft);
             0 with a draft model.

@@ -50,8 +50,9 @@ def test_compiled_costs_are_read_from_the_live_run(smoke_run):
     results, _ = smoke_run
     exact = next(r for r in results["live"] if r["rule"] == "exact" and r["compiled"])
     # `exact`'s compiled forwards (not the first rule's: `dropmatch` keeps its target forward eager), timed inside its
-    # run: draft steps of one token, verify forwards of γ + 1
-    assert exact["draft_step_ms"] > 0 and exact["verify_ms"] > 0
+    # run: the draft's rounds of γ steps (a step: a γ-th of one), verify forwards of γ + 1
+    assert exact["draft_round_ms"] > 0 and exact["verify_ms"] > 0
+    assert exact["draft_step_ms"] == pytest.approx(exact["draft_round_ms"] / GAMMA)
     assert results["costs"]["draft_step_compiled"] == exact["draft_step_ms"]
     assert results["costs"]["verify_compiled"][GAMMA] == exact["verify_ms"]
     # its host time is the round less the device time of the forwards it made and the verification
@@ -114,9 +115,10 @@ def test_warm_up_and_graphs_are_recorded(smoke_run):
     assert warmup["plain"]["rule"] is None and warmup["speculative"]["rule"] == "exact"
     assert warmup["plain"]["warmup_s"] > 0 and warmup["speculative"]["warmup_s"] > 0
     assert warmup["ratio"] == pytest.approx(warmup["speculative"]["warmup_s"] / warmup["plain"]["warmup_s"])
-    # plain decoding compiles the target's step; the first speculative call the draft's step, its catch-up step and
-    # the verify forward
+    # plain decoding compiles the target's step; the first speculative call the draft's round, the verify forward
+    # and the verification
     assert warmup["plain"]["graphs_compiled"] >= 1 and warmup["speculative"]["graphs_compiled"] >= 3
+    assert {g["what"] for g in results["graph_plan"]} >= {"draft round", "verification"}
     plan = results["graph_plan"]
     assert len([g for g in plan if g["batch_size"] == 1 and g["what"] != "multi-level drafting's forward"]) == 4
     assert len(plan) == 4 + 4 + 1  # batch 1, batch 2, the MLA forward
@@ -131,9 +133,9 @@ def test_a_compiled_rounds_host_time_is_split_by_the_loops_ranges(smoke_run):
     # every range ran in every round (the draft, the verify forward, the verification, the round's read)
     assert all(host["ms_per_round"][name] > 0 for name in ("draft", "target_forward", "verify", "sync"))
     assert sum(host["ms_per_round"].values()) == pytest.approx(host["wall_ms_per_round"], rel=1e-6)
-    # γ draft steps and the verify forward a round, compiled (the first round's prefills are eager, the last rounds
-    # near max_new_tokens draft fewer); the verification launches outside them; the host's work between rounds
-    assert GAMMA - 1 < host["compiled_calls_per_round"] <= GAMMA + 1
+    # three compiled calls a round: the draft's round (its γ steps in one graph), the verify forward and the
+    # verification (eager in the last rounds, which max_new_tokens cuts short); the host's work between rounds
+    assert 2 < host["compiled_calls_per_round"] <= 3
     assert host["launches_per_round"]["verify"] > 0 and host["between_rounds_ms"] > 0
     assert "## Host time of a compiled round" in (out / "smoke.md").read_text()
 

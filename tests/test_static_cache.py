@@ -6,14 +6,17 @@ On a CPU transformers compiles only with `compile_config._compile_all_devices`; 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
-from conftest import EOS, prompt, tiny_llama
+from conftest import EOS, prompt, tiny_llama, tiny_tokenizer
 from transformers import CompileConfig, StaticCache
 
 import hf_semspec
 from hf_semspec import decoding
 from hf_semspec._transformers_compat import CACHE_ARGUMENT
+from hf_semspec.drafters import prune_vocabulary
 
 POLICIES = ["constant", "heuristic", "svip", "adaedl", "cost_aware", "best_constant", "tapout"]
 TIMED_POLICIES = ("cost_aware", "best_constant", "tapout")  # their lengths follow the clock
@@ -109,7 +112,8 @@ class CountingCalls:
 
     def __call__(self, *args, **kwargs):
         self.calls += 1
-        self.shapes.append(tuple(kwargs["input_ids"].shape))
+        if "input_ids" in kwargs:
+            self.shapes.append(tuple(kwargs["input_ids"].shape))
         return self.inner(*args, **kwargs)
 
 
@@ -126,20 +130,126 @@ def counted_compiled_forwards(monkeypatch) -> dict:
     return compiled
 
 
-def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fresh_compiler):
-    """With a compile_config the draft's steps and the target's verify forwards run compiled (all but the first of
-    each model, which prefills the prompt), and greedy `exact` still equals plain greedy decoding."""
+def counted_compiled(monkeypatch, name: str) -> list[CountingCalls]:
+    """The compiled functions `decoding.<name>` hands the loop from now on (`compiled_round`: the draft's round;
+    `compiled_verification`: the rule's verification), one per `generate()` call, each wrapped in `CountingCalls`."""
+    made = []
+    real = getattr(decoding, name)
+
+    def counting(config):
+        made.append(CountingCalls(real(config)))
+        return made[-1]
+
+    monkeypatch.setattr(decoding, name, counting)
+    return made
+
+
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fresh_compiler, do_sample):
+    """With a compile_config the target's verify forwards run compiled (all but the first, which prefills the prompt),
+    and so do the draft's: greedy, a round's γ steps in one compiled call (every round, the first after an eager
+    prefill of the prompt), and greedy `exact` still equals plain greedy decoding; sampled, step by step (all steps
+    but the first)."""
     target = tiny_llama(seed=0)  # its own compiled forward, not shared with other tests' models
     hf_semspec.attach(target)
     compiled = counted_compiled_forwards(monkeypatch)
+    rounds, verifications = counted_compiled(monkeypatch, "compiled_round"), counted_compiled(
+        monkeypatch, "compiled_verification")
     ids = prompt(8)
+    torch.manual_seed(0)
     out = target.generate(ids, assistant_model=close_draft, acceptance="exact", num_assistant_tokens=4,
-                          max_new_tokens=24, cache_implementation="static", compile_config=cpu_compile_config(),
-                          return_dict_in_generate=True)
-    assert torch.equal(out.sequences, plain_greedy(target, ids, max_new_tokens=24))
+                          do_sample=do_sample, max_new_tokens=24, cache_implementation="static",
+                          compile_config=cpu_compile_config(), return_dict_in_generate=True)
     stats = out.acceptance_stats
     assert compiled[target].calls == stats.num_target_forwards - 1
-    assert compiled[close_draft].calls == stats.num_drafted - 1
+    round_calls = sum(counted.calls for counted in rounds)
+    if do_sample:  # (sampled verification stays eager: inductor would draw other numbers than the eager path)
+        assert round_calls == 0 and verifications == []
+        assert compiled[close_draft].calls == stats.num_drafted - 1
+    else:
+        assert torch.equal(out.sequences, plain_greedy(target, ids, max_new_tokens=24))
+        assert round_calls == sum(1 for drafted in stats.drafted_per_round if drafted)  # every round that drafted
+        assert set(rounds[0].shapes) == {(1, 2)}  # the two catch-up slots, then the drafts inside the call
+        assert close_draft not in compiled or compiled[close_draft].calls == 0
+        # the rule's verification, compiled for the rounds at γ; the last ones, cut short by max_length, eager
+        assert 0 < verifications[0].calls == stats.drafted_per_round.count(4) < stats.num_target_forwards
+
+
+def test_a_rule_compiles_its_verification_only_when_it_says_so(monkeypatch, close_draft, fresh_compiler):
+    """`compiles_verification` is the rule's promise that its greedy `verify` reads nothing back and keeps no Python
+    state; without it (a rule registered elsewhere) the loop verifies eagerly, and decodes the same."""
+    from hf_semspec.rules.exact import ExactRule
+
+    target = hf_semspec.attach(tiny_llama(seed=0))
+    monkeypatch.setattr(ExactRule, "compiles_verification", False)
+    made = counted_compiled(monkeypatch, "compiled_verification")
+    out = target.generate(prompt(8), assistant_model=close_draft, acceptance="exact", num_assistant_tokens=4,
+                          max_new_tokens=12, cache_implementation="static", compile_config=cpu_compile_config())
+    assert made == []
+    assert torch.equal(out, plain_greedy(target, prompt(8), max_new_tokens=12))
+
+
+ROUND_CASES = {
+    "γ 1": dict(num_assistant_tokens=1),
+    "γ 5": dict(num_assistant_tokens=5),
+    "γ 8, max_length inside a round": dict(num_assistant_tokens=8, max_new_tokens=13),
+    "left-padded batch of 3": dict(num_assistant_tokens=4, batch_size=3),
+    "fly": dict(acceptance="fly", num_assistant_tokens=6),
+    "ears": dict(acceptance="ears", num_assistant_tokens=4),
+    "dropmatch (its target forward eager)": dict(acceptance="dropmatch", num_assistant_tokens=4),
+    "pruned drafter": dict(num_assistant_tokens=4, draft="pruned"),
+    "EOS inside a round": dict(num_assistant_tokens=6, draft="target", eos_at=9),
+    "a batch whose first row ends early (kept, masked)": dict(num_assistant_tokens=4, batch_size=3, eos_at=5),
+}
+
+
+@pytest.mark.parametrize("case", ROUND_CASES)
+def test_a_compiled_round_drafts_as_the_step_by_step_path(monkeypatch, close_draft, kept_ids, fresh_compiler, case):
+    """The compiled round (a round's greedy γ steps in one compiled call) and the compiled verification against the
+    same compiled decoding that drafts step by step and verifies eagerly: the same tokens and the same rounds (drafts
+    and verdicts), for one row and a left-padded batch, every greedy rule they serve, a pruned drafter, and rounds cut
+    short by max_length or ended by an EOS; `exact`'s text is plain greedy decoding's."""
+    options = dict(ROUND_CASES[case])
+    batch_size, draft, eos_at = options.pop("batch_size", 1), options.pop("draft", "close"), options.pop("eos_at", None)
+    target = hf_semspec.attach(tiny_llama(seed=0))
+    if draft == "pruned":  # the library's pruned drafter, whose backbone compiles (conftest's test double does not)
+        draft = prune_vocabulary(close_draft, tiny_tokenizer(), keep_ids=kept_ids.tolist())
+    else:
+        draft = {"close": close_draft, "target": tiny_llama(seed=0)}[draft]
+    ids, mask = prompt(8).repeat(batch_size, 1), torch.ones(batch_size, 8, dtype=torch.long)
+    for row in range(1, batch_size):
+        ids[row, : 2 * row], mask[row, : 2 * row] = 0, 0
+        ids[row, 2 * row :] = prompt(8 - 2 * row, seed=row)
+    options.setdefault("max_new_tokens", 20)
+    options.setdefault("acceptance", "exact")
+    if eos_at is not None:
+        reference = plain_greedy(target, ids[:1], max_new_tokens=30, eos_token_id=None)
+        options["eos_token_id"] = int(reference[0, 8 + eos_at])
+    kwargs = dict(attention_mask=mask, assistant_model=draft, cache_implementation="static",
+                  compile_config=cpu_compile_config(), return_dict_in_generate=True, **options)
+    rounds = counted_compiled(monkeypatch, "compiled_round")
+    torch.manual_seed(0)
+    with_round = target.generate(ids, **kwargs)
+    drafting_rounds = sum(1 for drafted in with_round.acceptance_stats.drafted_per_round if drafted)
+    assert sum(counted.calls for counted in rounds) == drafting_rounds
+    # without them the drafter drafts step by step, and the rule verifies eagerly
+    monkeypatch.setattr(decoding, "compiled_round", lambda config: None)
+    monkeypatch.setattr(decoding, "compiled_verification", lambda config: None)
+    torch.manual_seed(0)
+    step_by_step = target.generate(ids, **kwargs)
+    assert torch.equal(with_round.sequences, step_by_step.sequences)
+    ignore_forwards = dict(num_draft_forwards=0)  # (a round cut short still runs its γ draft forwards)
+    assert replace(with_round.acceptance_stats, **ignore_forwards) == replace(step_by_step.acceptance_stats,
+                                                                             **ignore_forwards)
+    if options["acceptance"] == "exact":
+        for row in range(batch_size):
+            start = 2 * row
+            alone = plain_greedy(target, ids[row : row + 1, start:], max_new_tokens=options["max_new_tokens"],
+                                 **({"eos_token_id": options["eos_token_id"]} if eos_at is not None else {}))
+            new = alone[0, 8 - start :]
+            assert torch.equal(with_round.sequences[row, 8 : 8 + new.shape[0]], new)
+    if eos_at is not None:  # row 0 ended at it
+        assert options["eos_token_id"] in with_round.sequences[0, 8:].tolist()
 
 
 @pytest.mark.parametrize("policy, gamma", [("constant", 3), ("heuristic", 4)])
@@ -175,7 +285,8 @@ def test_a_compiled_verify_forward_keeps_one_shape_and_compiles_once(
         assert set(verify_shapes) == {(batch_size, gamma + 1)}
         assert out.acceptance_stats.num_target_forwards == 6
         assert out.acceptance_stats.num_drafted == batch_size * (5 * gamma + 2)  # the last round drafts 2
-        # the verify forward, the draft's step and its two-slot catch-up step: three graphs, none recompiled
+        # the verify forward, the draft's compiled round (the last round, cut short, runs it too) and the rule's
+        # verification (the last round's runs eagerly): three graphs, none recompiled
         assert torch._dynamo.utils.counters["stats"]["unique_graphs"] - graphs == 3
     else:  # rounds at most the initial length share its shape; longer ones have their own
         assert all(width >= gamma + 1 for _, width in verify_shapes)

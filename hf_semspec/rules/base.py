@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Callable, ClassVar
 
 import torch
-from torch.profiler import record_function
 
 from ..component_config import ComponentConfig
 from ..errors import invalid_value
@@ -118,23 +116,26 @@ class VerificationInput:
     def num_draft_tokens(self) -> int:
         return self.draft_token_ids.shape[1]
 
-    @cached_property
+    # (Computed once per round through `once`, not `functools.cached_property`, whose lock on Python 3.11 torch.compile
+    # cannot trace: the loop compiles `verify`.)
+    @property
     def draft_limit(self) -> torch.LongTensor | None:
         """`draft_limits` as a `(batch,)` tensor on the target logits' device, or `None` (the loop passes limits only
         in the rounds where a row is nearer its end than the batch's longest: a copy to the device in those)."""
         if self.draft_limits is None:
             return None
-        return torch.tensor(self.draft_limits, dtype=torch.long, device=self.target_logits.device)
+        return self.once("draft_limit", lambda: torch.tensor(self.draft_limits, dtype=torch.long,
+                                                             device=self.target_logits.device))
 
-    @cached_property
+    @property
     def target_probs(self) -> torch.FloatTensor:
         """softmax of `target_logits` in float32, shape `(batch, γ + 1, vocab)` (computed once per round)."""
-        return self.target_logits.float().softmax(-1)
+        return self.once("target_probs", lambda: self.target_logits.float().softmax(-1))
 
-    @cached_property
+    @property
     def target_greedy_ids(self) -> torch.LongTensor:
         """argmax of `target_logits`, shape `(batch, γ + 1)` (first index on ties, as `torch.argmax`)."""
-        return self.target_logits.argmax(-1)
+        return self.once("target_greedy_ids", lambda: self.target_logits.argmax(-1))
 
     def target_prob_of_drafts(self) -> torch.FloatTensor:
         """p_i(x̂_i), shape `(batch, γ)`."""
@@ -206,6 +207,9 @@ class AcceptanceRule(ABC):
             pruned-vocabulary drafter with a kernel, see `hf_semspec.drafters`).
         greedy_drafts (`bool`): the drafter proposes argmax q even when sampling (the target's tokens are still
             sampled); a rule may set it per instance from its options (FLy's `sampling="greedy_drafts"`).
+        compiles_verification (`bool`): the loop may compile its greedy `verify` (static caches, a compiled target):
+            it reads only the drafts and the target's logits, and nothing of it reads a value back to the host or
+            keeps Python state (default False: a rule registered elsewhere verifies eagerly unless it says so).
         default_num_draft_tokens (`int`): γ used when the user sets no `num_assistant_tokens`.
     """
 
@@ -219,6 +223,7 @@ class AcceptanceRule(ABC):
     requires_target_hidden_states: ClassVar[bool] = False
     redistributes_draft: ClassVar[bool] = False
     greedy_drafts: bool = False
+    compiles_verification: ClassVar[bool] = False
     default_num_draft_tokens: ClassVar[int] = 5
 
     def __init__(self, config: RuleConfig | None = None):
@@ -305,7 +310,6 @@ class AcceptanceRule(ABC):
         q = gather_rows(inputs.checked_draft_probs(), position).float()
         return sample_categorical(residual_distribution(p, q), None)
 
-    @record_function("hf_semspec.verify")
     def verify(self, inputs: VerificationInput) -> VerificationResult:
         """Runs the rule on one round: first-rejection cut, rejection/bonus token. No host sync (the loop reads the
         result once per round and keeps the statistics on the host)."""

@@ -151,6 +151,7 @@ class EARSRule(ExactRule):
     config_class = EARSConfig
     paper = "https://arxiv.org/abs/2512.13194"
     lossless = False
+    compiles_verification = True
 
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
         beta = self.config.beta

@@ -45,6 +45,7 @@ class ExactRule(AcceptanceRule):
     config_class = ExactConfig
     paper = "https://arxiv.org/abs/2211.17192"
     lossless = True
+    compiles_verification = True
 
     def accept(self, inputs: VerificationInput) -> torch.BoolTensor:
         return self.standard_accept(inputs)

@@ -260,6 +260,7 @@ class FLyRule(AcceptanceRule):
     config_class = FLyConfig
     paper = "https://arxiv.org/abs/2511.22972"
     lossless = False
+    compiles_verification = True
     supports_greedy = True
     supports_sampling = True
     requires_draft_probs = False

@@ -9,6 +9,7 @@ import dataclasses
 import inspect
 import json
 
+import pytest
 import torch
 import transformers
 from conftest import prompt, tiny_llama, tiny_tokenizer
@@ -153,12 +154,18 @@ def test_do_sample_is_resolved_in_generates_order():
                     model_default, passed and passed.do_sample, kwargs)
 
 
-def test_the_static_path_s_compile_switch_is_transformers_own():
+@pytest.mark.parametrize("kind", ["model", "pruned drafter"])
+def test_the_static_path_s_compile_switch_is_transformers_own(kind):
     """`compiles_forward` asks `_valid_auto_compile_criteria`: a static cache on a GPU, or anywhere with
-    `compile_config._compile_all_devices`; never a dynamic cache, nor with `disable_compile`."""
+    `compile_config._compile_all_devices`; never a dynamic cache, nor with `disable_compile`. A pruned drafter is no
+    `GenerationMixin`: the rule is applied to its backbone, so it compiles where a whole model would."""
     from transformers import CompileConfig, StaticCache
 
+    from hf_semspec.drafters import prune_vocabulary
+
     model = tiny_llama(seed=0)
+    if kind == "pruned drafter":
+        model = prune_vocabulary(model, tiny_tokenizer(), keep_ids=list(range(0, 64)))
     static = StaticCache(config=model.config, max_cache_len=16)
     config = GenerationConfig(compile_config=CompileConfig(backend="aot_eager"))
     assert not compat.compiles_forward(model, static, config)  # a CPU, without the switch
@@ -167,22 +174,6 @@ def test_the_static_path_s_compile_switch_is_transformers_own():
     assert not compat.compiles_forward(model, DynamicCache(config=model.config), config)
     config.disable_compile = True
     assert not compat.compiles_forward(model, static, config)
-
-
-def test_a_pruned_drafter_is_judged_by_its_backbone():
-    """A pruned drafter is no `GenerationMixin`: transformers' rule is applied to its backbone, so it compiles where
-    a whole model would (it never compiled before)."""
-    from transformers import CompileConfig, StaticCache
-
-    from hf_semspec.drafters import prune_vocabulary
-
-    drafter = prune_vocabulary(tiny_llama(seed=0), tiny_tokenizer(), keep_ids=list(range(0, 64)))
-    static = StaticCache(config=drafter.config, max_cache_len=16)
-    config = GenerationConfig(compile_config=CompileConfig(backend="aot_eager"))
-    assert not compat.compiles_forward(drafter, static, config)  # a CPU, without the switch
-    config.compile_config._compile_all_devices = True
-    assert compat.compiles_forward(drafter, static, config)
-    assert not compat.compiles_forward(drafter, DynamicCache(config=drafter.config), config)
 
 
 def test_rewinding_a_static_cache_moves_every_layer_s_write_position():

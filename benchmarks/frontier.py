@@ -24,6 +24,9 @@ tokens per target forward, pooled) and the points of the same rule that dominate
 NLL increase, on the prompts the two share); the plot is speed-up against NLL increase, a line per rule through its
 undominated points from `exact` at (0, 1) (needs matplotlib, the `benchmarks` extra, or `--no-plot`).
 
+Each rule's default setting (the options and γ a rule takes today when none are given) is marked "(default)" in
+the table and ringed in the plot.
+
 `dominated` lists the grid points the slices show to be dominated (on the prompts every configuration ran, or
 `--gsm8k-problems`), and the `--skip` value that leaves them out of later slices.
 
@@ -46,11 +49,16 @@ Spec-Bench prompt (longer answers); `--dry-run` prints a slice's expected minute
     $run --grid all --skip "$SKIP" --spec-bench quick --spec-bench-prompts 0:5
     $run --grid all --skip "$SKIP" --spec-bench quick --spec-bench-prompts 5:10
     python benchmarks/frontier.py merge $F/slice-greedy-*-specbench-quick-*.json --name greedy-specbench
-    # sampling: each rule's chosen setting, GSM8K 0-19, one seed, 4 configurations × 10 × 90 s ≈ 60 min a slice
-    CHOSEN=fly@entropy_threshold=...@window=...,ears@beta=...,dropmatch@min_votes=...
+    # sampling: each rule's chosen setting (its default), GSM8K 0-19, one seed, 4 configurations × 10 × 90 s a slice
+    CHOSEN=fly,ears,dropmatch
     $run --configs "$CHOSEN" --sample --temperature 0.7 --top-p 0.9 --seed 0 --gsm8k-problems 0:10
     $run --configs "$CHOSEN" --sample --temperature 0.7 --top-p 0.9 --seed 0 --gsm8k-problems 10:20
     python benchmarks/frontier.py merge $F/slice-sample-s0-*-gsm8k-*.json --name sample-gsm8k
+
+What ran (results/README.md): G1 and G2 (G1 in two slices, 0-3 and 3-10, the second without θ 1.0 W 6, equal to
+θ 1.0 W 4 on 0-2); `dropmatch@min_votes=1` was the one point dominated. The defaults were chosen from them, then the
+sampled slice on 0-9 with `CHOSEN` and Spec-Bench quick 0-4 with `--configs fly`. GSM8K 10-29, Spec-Bench's other
+half and the sampled 10-19 did not fit the CPU time.
 
 After G1 and G2, with k of the 12 points left: a GSM8K slice of n problems takes (k + 1) × n × 75 s, a Spec-Bench
 one (k + 1) × n × 100 s, n the most under 90 minutes; in all 295 min + (k + 1) × 42 min of CPU time.
@@ -527,6 +535,8 @@ def merge(slices: dict[str, dict]) -> dict:
         row = summarize(entry)
         row["dominated_by"] = beaten.get(entry["name"], [])
         row["all_prompts"] = set(entry["prompts"]) == exact_prompts
+        row["is_default"] = (entry["rule"] != REFERENCE and key == _key(Configuration(entry["rule"], {}))
+                             and entry["gamma"] in (None, RULES.get(entry["rule"]).default_num_draft_tokens))
         rows.append(row)
     rule_order = list(dict.fromkeys(entry["rule"] for entry in pooled.values()))  # as the slices ran them
     rows.sort(key=lambda r: (r["rule"] != REFERENCE, rule_order.index(r["rule"])))
@@ -570,12 +580,12 @@ def render(report: dict) -> str:
              + ("Flips: prompts where the answer is right and `exact`'s wrong (+) or the reverse (−). " if scored
                 else "")
              + "Dominated by: the same rule's points with a higher speed-up and a lower NLL increase on the prompts "
-             "the two share.", ""]
+             "the two share. (default): the rule's default options today.", ""]
     header = ["configuration", "γ", "n", "speed-up [95% CI]", "NLL increase [95% CI]", "identical",
               "first divergence", "τ", "tok/s"] + (["accuracy", "flips (net)"] if scored else []) + ["dominated by"]
     table = []
     for r in rows:
-        cells = [f"`{r['name']}`", str(r["gamma"]), str(r["prompts"]),
+        cells = [f"`{r['name']}`" + " (default)" * r.get("is_default", False), str(r["gamma"]), str(r["prompts"]),
                  _number(r["speedup"], ".3f") + "×" * (r["speedup"] is not None) + _interval(r["speedup_ci95"], 3),
                  _number(r["nll_increase"], "+.4f") + _interval(r["nll_increase_ci95"], 4),
                  _number(r["identical_share"], ".0%"), _number(r["mean_first_divergence"], ".1f"),
@@ -633,6 +643,9 @@ def write_plot(path: Path, report: dict) -> None:
                         linestyle="none", zorder=2)
             ax.plot([x], [y], marker="o", markersize=6, color=colour, linestyle="none", zorder=3,
                     markerfacecolor="white" if r["dominated_by"] else colour)
+            if r.get("is_default"):
+                ax.plot([x], [y], marker="o", markersize=13, markerfacecolor="none", markeredgecolor="black",
+                        linestyle="none", zorder=4)
             ax.annotate(option_label(r["options"]) + ("" if r["all_prompts"] else f" (n {r['prompts']})"), (x, y),
                         textcoords="offset points", xytext=(5, 4), fontsize=7, color=colour)
     setting = report["setting"]
@@ -641,7 +654,7 @@ def write_plot(path: Path, report: dict) -> None:
     ax.set_ylabel("speed-up over exact (geometric mean)")
     ax.set_title(f"{setting['models']['target']} / {setting['models']['draft']}: {setting['source']}, {mode}, "
                  f"{report['prompts']} prompts", fontsize=9)
-    ax.legend(fontsize=8, title="hollow: dominated", title_fontsize=7)
+    ax.legend(fontsize=8, title="hollow: dominated; ringed: the default", title_fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -323,21 +323,26 @@ def _has_sliding_layers(cache) -> bool:
     return any(getattr(layer, "is_sliding", False) for layer in cache.layers)
 
 
-def _typical_length(policy: DraftLengthPolicy) -> int:
-    """The length a policy's config names (its fixed, initial or largest γ), at most 16: what a batch's static caches
-    are sized for (longer rounds still fit while room is left, the loop's budget keeps them within it), and the γ of
-    the compiled verify forward's one shape."""
+def _stated_length(policy: DraftLengthPolicy) -> int:
+    """The length a policy's config names: its fixed, initial or largest γ (`UNSET_LENGTH_FALLBACK` where it names
+    none)."""
     value = getattr(policy.config, policy.length_field, None) if policy.length_field else None
-    return min(value if isinstance(value, int) else UNSET_LENGTH_FALLBACK, 16)
+    return value if isinstance(value, int) else UNSET_LENGTH_FALLBACK
+
+
+def _typical_length(policy: DraftLengthPolicy) -> int:
+    """The policy's stated length at most 16: what a batch's static caches are sized for (longer rounds still fit
+    while room is left, the loop's budget keeps them within it), and the γ of the compiled verify forward's one
+    shape."""
+    return min(_stated_length(policy), 16)
 
 
 def _compiled_gamma(policy: DraftLengthPolicy) -> int | None:
-    """The γ of the compiled draft round and the compiled verification: the length the policy names where it is at
-    most 16 (`_typical_length` uncapped) and the policy decides once per round; None otherwise: a per-token policy's
-    rounds end at any length, and a longer policy's rounds never have this one but in the call's last rounds, which
-    would compile the graphs there."""
-    value = getattr(policy.config, policy.length_field, None) if policy.length_field else None
-    value = value if isinstance(value, int) else UNSET_LENGTH_FALLBACK
+    """The γ of the compiled draft round and the compiled verification: the policy's stated length where it is at
+    most 16 and the policy decides once per round; None otherwise: a per-token policy's rounds end at any length, and
+    a longer policy's rounds never have this one but in the call's last rounds, which would compile the graphs
+    there."""
+    value = _stated_length(policy)
     return None if policy.decides_per_token or value > 16 else value
 
 

@@ -4,21 +4,16 @@ figures at a flip (worked numbers), and the whole script on tiny models."""
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_llama
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
-import hf_semspec  # noqa: E402
-from benchmarks import data, divergence, methods  # noqa: E402
-from benchmarks.divergence import Forward  # noqa: E402
-from test_benchmark_harness import tiny_pair, write_tiny_data  # noqa: E402  (tiny models, fake tokenizer, data)
+import hf_semspec
+from benchmarks import data, divergence, methods
+from benchmarks.divergence import Forward
+from test_benchmark_harness import tiny_pair, write_tiny_data  # tiny models, fake tokenizer, data
 
 
 def one_hot_rows(tokens: list[int], vocab: int = 8) -> torch.Tensor:

@@ -4,17 +4,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import data, fidelity, methods, run  # noqa: E402
-from test_benchmark_harness import thread_count_kept, tiny_pair, write_tiny_data  # noqa: E402
+from benchmarks import data, fidelity, methods, run
+from test_benchmark_harness import thread_count_kept, tiny_pair, write_tiny_data
 
 
 def record(method, problem, correct, tokens_per_s, new_tokens=10, forwards=5, ids=(1, 2)):

@@ -13,15 +13,11 @@ import pytest
 import torch
 from conftest import prompt, tiny_llama
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
-import hf_semspec  # noqa: E402
-from benchmarks import frontier, models  # noqa: E402
-from hf_semspec.compare import parse_configuration  # noqa: E402
-from hf_semspec.errors import SemSpecConfigError  # noqa: E402
-from test_benchmark_harness import thread_count_kept, write_tiny_data  # noqa: E402
+import hf_semspec
+from benchmarks import frontier, models
+from hf_semspec.compare import parse_configuration
+from hf_semspec.errors import SemSpecConfigError
+from test_benchmark_harness import thread_count_kept, write_tiny_data
 
 # fly with an empty window and no entropy gate keeps most of an unrelated draft's tokens: outputs leave exact's.
 FLIP = "fly@window=1@entropy_threshold=0"
@@ -320,6 +316,26 @@ def test_slices_of_two_grids_on_one_prompt_set_share_exact(tmp_path):
     votes = rows["dropmatch@min_votes=1"]
     assert (votes["prompts"], votes["answer_wins"], votes["answer_losses"]) == (2, 0, 1)  # against s2's exact
     assert votes["speedup"] == pytest.approx(1.5) and not votes["all_prompts"]
+
+
+def test_each_rules_default_is_marked_however_it_is_spelled(tmp_path):
+    """`fly@window=6` is fly's default (θ 0.3 and W 6), spelled with one option; `fly@window=4` and `exact` are not
+    marked."""
+    paths = [tmp_path / "d.json"]
+    paths[0].write_text(json.dumps(fake_slice("d", ["gsm8k:0"], {
+        "fly@window=6": [(1.2, 0.02, 1.0, 10, 5)], "fly@window=4": [(1.3, 0.03, 1.0, 10, 5)],
+        "dropmatch": [(0.9, 0.01, 1.0, 10, 5)]}, exact_scores=[1.0])))
+    report = frontier.main(["merge", *map(str, paths), "--name", "d", "--output-dir", str(tmp_path), "--no-plot"])
+    marked = {r["name"]: r["is_default"] for r in report["configurations"]}
+    assert marked == {"exact": False, "fly@window=6": True, "fly@window=4": False, "dropmatch": True}
+    text = (tmp_path / "frontier-d.md").read_text()
+    assert "| `fly@window=6` (default) | 15 |" in text and "| `fly@window=4` | 15 |" in text
+    # the default options at another γ than the rule's (fly's is 15) are not the default
+    results = json.loads(paths[0].read_text())
+    results["configurations"] = [{**c, "gamma": 5} for c in results["configurations"]]
+    paths[0].write_text(json.dumps(results))
+    report = frontier.main(["merge", *map(str, paths), "--name", "d", "--output-dir", str(tmp_path), "--no-plot"])
+    assert {r["name"]: r["is_default"] for r in report["configurations"]}["fly@window=6"] is False
 
 
 def test_slices_of_other_models_do_not_merge(tmp_path):

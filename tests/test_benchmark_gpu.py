@@ -4,17 +4,11 @@ what a GPU session runs, so that it works the first time a GPU is lent."""
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import gpu  # noqa: E402
+from benchmarks import gpu
 
 GAMMA = 3
 

@@ -18,17 +18,15 @@ import pytest
 import torch
 from conftest import perturbed_copy, tiny_llama
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
-    sys.path.insert(0, str(REPO_ROOT))
+import hf_semspec
+from benchmarks import data, merge, methods, metrics, models, replay, report, run
+from hf_semspec.draft_length.svip import SVIPPolicy
+from hf_semspec.errors import SemSpecConfigError
+from hf_semspec.rules import RULES
+from hf_semspec.rules.exact import ExactRule
+from hf_semspec.rules.fly import FLyConfig
 
-import hf_semspec  # noqa: E402
-from benchmarks import data, merge, methods, metrics, models, replay, report, run  # noqa: E402
-from hf_semspec.draft_length.svip import SVIPPolicy  # noqa: E402
-from hf_semspec.errors import SemSpecConfigError  # noqa: E402
-from hf_semspec.rules import RULES  # noqa: E402
-from hf_semspec.rules.exact import ExactRule  # noqa: E402
-from hf_semspec.rules.fly import FLyConfig  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # ---------------------------------------------------------------------------------------------------------------------
 # GSM8K final-number parser

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-if str(REPO_ROOT) not in sys.path:  # `benchmarks/` is not part of the installed package
-    sys.path.insert(0, str(REPO_ROOT))
-
-from benchmarks import host_work, profiling  # noqa: E402
+from benchmarks import host_work, profiling
 
 GAMMA = 3
 

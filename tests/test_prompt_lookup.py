@@ -288,12 +288,6 @@ def test_merged_statistics_keep_the_new_counts():
     a = hf_semspec.AcceptanceStats(num_draft_forwards=4, num_ngram_hits=1)
     b = hf_semspec.AcceptanceStats(num_draft_forwards=0, num_ngram_hits=3)
     assert (a + b).num_draft_forwards == 4 and (a + b).num_ngram_hits == 4
-    import sys
-    from pathlib import Path
-
-    root = str(Path(__file__).resolve().parents[1])
-    if root not in sys.path:  # `benchmarks/` is not part of the installed package
-        sys.path.insert(0, root)
     from benchmarks.metrics import acceptance_from_dict
 
     old = {k: v for k, v in a.to_dict().items() if k not in ("num_draft_forwards", "num_ngram_hits")}

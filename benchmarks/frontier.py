@@ -580,7 +580,7 @@ def render(report: dict) -> str:
              + ("Flips: prompts where the answer is right and `exact`'s wrong (+) or the reverse (−). " if scored
                 else "")
              + "Dominated by: the same rule's points with a higher speed-up and a lower NLL increase on the prompts "
-             "the two share. (default): the rule's default options today.", ""]
+             "the two share. (default): the rule's default options and γ today.", ""]
     header = ["configuration", "γ", "n", "speed-up [95% CI]", "NLL increase [95% CI]", "identical",
               "first divergence", "τ", "tok/s"] + (["accuracy", "flips (net)"] if scored else []) + ["dominated by"]
     table = []

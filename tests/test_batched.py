@@ -163,10 +163,11 @@ def test_a_stopping_criterion_gets_each_row_s_scores_so_far(attached, close_draf
 @pytest.mark.parametrize("name", hf_semspec.available_rules())
 @pytest.mark.parametrize("do_sample", [False, True])
 def test_every_rule_decodes_a_batch(attached, close_draft, rdk_draft, name, do_sample):
-    """Each row checked against its own prompt: with top-k = 3 every token a row emits is among the target's three
-    most likely at that row's prefix (a relaxed rule keeps only drafts the processors allow, and a row given another
-    row's tokens or logits would break it); greedy, each row is also the text it gets alone
-    (tests/test_batch_rows.py has that for both cache types)."""
+    """Each row checked against its own prompt: sampled with top-k = 3 (or greedy with a lossless rule), every token
+    a row emits is among the target's three most likely at that row's prefix (a relaxed rule keeps only drafts the
+    processors allow, and a row given another row's tokens or logits would break it); greedy, each row is also the
+    text it gets alone (tests/test_batch_rows.py has that for both cache types). Greedy decoding applies no top-k, so
+    a greedy relaxed rule may keep a draft outside the top 3 (`ears` at β 0.5 on a flat tiny target keeps any)."""
     rule = hf_semspec.rules.RULES.get(name)
     if not (rule.supports_sampling if do_sample else rule.supports_greedy):
         pytest.skip(f"{name} does not define do_sample={do_sample}")
@@ -182,7 +183,8 @@ def test_every_rule_decodes_a_batch(attached, close_draft, rdk_draft, name, do_s
         new = out.sequences[i, width:]
         with torch.no_grad():
             logits = attached(torch.cat([row, new])[None]).logits[0, len(row) - 1 : -1]
-        assert bool((logits.topk(3, -1).indices == new[:, None]).any(-1).all()), f"row {i}"
+        if do_sample or rule.lossless:
+            assert bool((logits.topk(3, -1).indices == new[:, None]).any(-1).all()), f"row {i}"
         if not do_sample:
             assert new.tolist() == attached.generate(row[None], **options)[0, len(row):].tolist(), f"row {i}"
         stats = out.acceptance_stats_per_row[i]

@@ -617,10 +617,11 @@ class _Loop:
             stopping_criteria, generation_config.max_length
         )
         capture_hidden = rule.requires_target_hidden_states
+        typical_length, compiled_gamma = _typical_length(draft_length), _compiled_gamma(draft_length)
         if static:
             capacity, target_cache, draft_cache, compiled_target, compiled_draft = _static_caches(
                 model, assistant_model, target_cache, generation_config, input_ids, max_length,
-                _typical_length(draft_length), capture_hidden,
+                typical_length, capture_hidden,
             )
         else:
             target_cache.activate_past_recording()  # sliding-window / linear-attention layers must roll back
@@ -628,7 +629,7 @@ class _Loop:
         processors = BatchProcessors(logits_processor, batch_size)
         # A compiled verify forward has one shape: γ + 1 slots at the policy's length (shorter rounds, near max_length
         # or with a policy that varies γ, re-feed cached slots to keep it; longer ones compile their own).
-        verify_width = _typical_length(draft_length) + 1 if compiled_target is not None else None
+        verify_width = typical_length + 1 if compiled_target is not None else None
         target = CachedModel(model, target_cache, compiled=compiled_target, static=static, min_width=verify_width)
         target.cached = cached
         vocab_size = model.config.get_text_config().vocab_size
@@ -655,7 +656,7 @@ class _Loop:
                 ),
                 # (the drafter uses it where its rounds allow: greedy drafts, no processors, no q kept, no lookup)
                 compiled_round=None if compiled_draft is None else compiled_round(generation_config.compile_config),
-                round_width=_compiled_gamma(draft_length),
+                round_width=compiled_gamma,
             )
         if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
             caches = [("model", target_cache)]
@@ -691,9 +692,9 @@ class _Loop:
             # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)
             verification=compiled_verification(generation_config.compile_config) if (
                 compiled_target is not None and not do_sample and rule.compiles_verification
-                and _compiled_gamma(draft_length) is not None
+                and compiled_gamma is not None
             ) else None,
-            verification_gamma=_compiled_gamma(draft_length),
+            verification_gamma=compiled_gamma,
         )
 
     def verify(self, rule: AcceptanceRule, inputs: VerificationInput) -> VerificationResult:

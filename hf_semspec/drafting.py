@@ -221,11 +221,11 @@ class ModelDrafter:
         sample from q (default: `do_sample`); `False` takes argmax q."""
         draw = self.do_sample if draw is None else draw
         processors = len(self.logits_processor) > 0
+        if not (processors or keep_probs or draw or self.rdk_kernel is not None):
+            return greedy_pick(logits, self.vocab_size, self.kept_token_ids), None  # no full-vocabulary tensor
         if self.kept_token_ids is None and logits.shape[-1] != self.vocab_size:
             logits = self._on_target_vocabulary(logits)
         if self.kept_token_ids is not None:
-            if not (processors or keep_probs or draw or self.rdk_kernel is not None):
-                return self.kept_token_ids[logits.argmax(-1)], None  # greedy fast path: no full-vocabulary tensor
             # Tokens the drafter cannot propose get −inf, so processors and q live on the target's vocabulary.
             full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
             logits = full.index_copy(logits.dim() - 1, self.kept_token_ids, logits)
@@ -457,10 +457,8 @@ def greedy_steps(
     (`ModelDrafter`'s compiled round): no host work, no host value between them.
 
     Step 1 feeds `input_ids`, the slots the draft has not seen; step i + 1 feeds step i's token, at the position after
-    the last one fed (plus `increment`). Each step's token is argmax of its last logit over the target's ids: the
-    draft's logits cut to `vocab_size` (the draft's padding rows past the target's; a narrower draft's missing ids
-    were −inf, never an argmax), or, for a pruned drafter, the kept id of the best of its K logits. That is
-    `ModelDrafter`'s greedy pick without processors, token for token.
+    the last one fed (plus `increment`). Each step's token is `greedy_pick` of its last logit, as `ModelDrafter`'s
+    greedy drafts without processors.
 
     Args:
         model, cache: the draft and its static cache (its write position moves on one slot per token fed).
@@ -499,11 +497,7 @@ def _greedy_step(model, cache, input_ids, attention_mask, position_ids, keep_one
         kwargs["position_ids"] = position_ids
     if keep_one_logit:
         kwargs["logits_to_keep"] = 1
-    logits = model(input_ids=input_ids, use_cache=True, **kwargs).logits[:, -1, :vocab_size]
-    token = logits.argmax(-1)
-    if kept_token_ids is not None:
-        token = kept_token_ids.to(token.device)[token]  # (a no-op unless the draft's head is on another device)
-    return token
+    return greedy_pick(model(input_ids=input_ids, use_cache=True, **kwargs).logits[:, -1], vocab_size, kept_token_ids)
 
 
 # torch.compile's hierarchical compilation: the step is compiled once per input shape (the round's first, over the
@@ -511,6 +505,17 @@ def _greedy_step(model, cache, input_ids, attention_mask, position_ids, keep_one
 # two step graphs it replaces, not γ times one (a 24-layer draft on a CPU, inductor, γ = 5: 114 s against 118 s for
 # the two step graphs and 234 s unrolled); eagerly it is the plain function.
 _greedy_step_region = torch.compiler.nested_compile_region(_greedy_step)
+
+
+def greedy_pick(logits: torch.FloatTensor, vocab_size: int,
+                kept_token_ids: torch.LongTensor | None) -> torch.LongTensor:
+    """The draft's greedy tokens in the target's ids, `(...)`, from its raw logits `(..., draft vocab)` with no
+    processors: argmax over the target's ids (the draft's padding rows past `vocab_size` cut off; a narrower draft's
+    missing ids could never win), or, for a pruned drafter whose K logits are over `kept_token_ids`, the kept id of
+    the best (`.to` is a no-op unless the draft's head is on another device than the ids)."""
+    if kept_token_ids is not None:
+        return kept_token_ids.to(logits.device)[logits.argmax(-1)]
+    return logits[..., :vocab_size].argmax(-1)
 
 
 def redistribute(

@@ -10,8 +10,8 @@ What a relaxed rule is for is more speed than `exact` for almost no accuracy. Th
 - τ: new tokens / target forwards (ratio of sums), tok/s: new tokens / wall seconds (ratio of sums);
 - speed-up over the baseline: the per-problem ratio of tokens/s against the baseline's *in the same run* (the
   methods of a run are interleaved per problem, so machine drift hits both), summarized by its geometric mean and
-  median, and the geometric mean's 95% interval, geomean · exp(±1.96 · sd(ln ratio) / sqrt(n)), which says whether
-  a target such as 1.15× is resolved by the problems run; a slice run therefore has to include the baseline;
+  median, and the geometric mean's 95% interval, geomean · exp(±t · sd(ln ratio) / sqrt(n)) (t: Student's 97.5%
+  quantile, n − 1 degrees of freedom), which says whether a target such as 1.15× is resolved by the problems run; a slice run therefore has to include the baseline;
 - identical: the fraction of outputs token-identical to the baseline's (greedy: how often a rule left plain's text,
   since `exact`'s greedy text is plain decoding's).
 

@@ -576,7 +576,7 @@ def render(report: dict) -> str:
              f"{'s' if len(report['slices']) > 1 else ''}: " + ", ".join(f"`{n}`" for n in report["slices"]) + ".",
              "- Speed-up: per prompt, tokens/s over `exact`'s in the same slice (the configurations are interleaved "
              "per prompt), geometric mean with its 95% interval. NLL increase: the target's per-token NLL of the "
-             "output minus `exact`'s, mean ± 1.96·sd/√n. τ: new tokens per target forward, pooled. "
+             "output minus `exact`'s, mean ± t·sd/√n (Student's t, n − 1 degrees of freedom). τ: new tokens per target forward, pooled. "
              + ("Flips: prompts where the answer is right and `exact`'s wrong (+) or the reverse (−). " if scored
                 else "")
              + "Dominated by: the same rule's points with a higher speed-up and a lower NLL increase on the prompts "

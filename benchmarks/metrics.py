@@ -24,12 +24,14 @@ from pathlib import Path
 
 import torch
 
+from hf_semspec.compare import t_quantile_975
 from hf_semspec.stats import AcceptanceStats
 
 # The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
 PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
 # Fields of `AcceptanceStats` that files written before them lack (they then take their defaults).
-OPTIONAL_FIELDS = PER_ROUND_FIELDS + ("num_row_forwards", "num_draft_forwards", "num_ngram_hits", "num_ngram_drafts")
+OPTIONAL_FIELDS = PER_ROUND_FIELDS + ("num_row_forwards", "num_draft_forwards", "num_ngram_hits", "num_ngram_drafts",
+                                      "acceptance", "acceptance_kwargs")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards
@@ -200,12 +202,14 @@ def log_standard_error(ratios: Sequence[float]) -> float | None:
 
 def ratio_summary(ratios: Sequence[float]) -> dict | None:
     """Median and geometric mean of per-prompt ratios (the geomean is the right mean of ratios: a 2× and a 0.5×
-    average to 1×), with min/max/n, the standard error of ln(geomean) (`log_se`) and the normal 95% interval of the
-    geomean it gives, geomean · exp(±1.96 · log_se) (`ci95`, None under two ratios); None when there are none."""
+    average to 1×), with min/max/n, the standard error of ln(geomean) (`log_se`) and the 95% interval of the geomean
+    it gives, geomean · exp(±t · log_se) with t Student's 97.5% quantile at n − 1 degrees of freedom (`ci95`, None
+    under two ratios: `hf_semspec.compare.t_quantile_975`); None when there are none."""
     if not ratios:
         return None
     geomean = geometric_mean(ratios)
     error = log_standard_error(ratios)
+    t = t_quantile_975(len(ratios) - 1) if error is not None else None
     return {
         "median": statistics.median(ratios),
         "geomean": geomean,
@@ -213,7 +217,7 @@ def ratio_summary(ratios: Sequence[float]) -> dict | None:
         "max": max(ratios),
         "n": len(ratios),
         "log_se": error,
-        "ci95": None if error is None else [geomean * math.exp(-1.96 * error), geomean * math.exp(1.96 * error)],
+        "ci95": None if error is None else [geomean * math.exp(-t * error), geomean * math.exp(t * error)],
     }
 
 

@@ -51,14 +51,21 @@ def set_class_generate(function) -> None:
     GenerationMixin.generate = function
 
 
+def generation_defaults() -> dict:
+    """`GenerationConfig._get_default_generation_params()`: the values transformers' `generate()` gives fields that
+    neither the call nor the model sets (`num_beams` 1, `assistant_confidence_threshold` 0.4, ...); {} where the
+    installed transformers has no such method."""
+    get_defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
+    return get_defaults() if callable(get_defaults) else {}
+
+
 def transformers_default(generation_config: GenerationConfig | None, name: str):
     """The value transformers gives `name` where neither the call nor the model sets it, when `generation_config` is
     one that transformers already prepared (`GenerationMixin._prepare_generation_config` fills every field of
     `GenerationConfig._get_default_generation_params()`: `assistant_confidence_threshold` 0.4, `num_assistant_tokens`
     20, ...), as the text-generation pipeline of transformers before 5.24 passes it to `generate()`; None otherwise:
     for a config with any of those fields unset (one a user built)."""
-    get_defaults = getattr(GenerationConfig, "_get_default_generation_params", None)
-    defaults = get_defaults() if callable(get_defaults) else {}
+    defaults = generation_defaults()
     if generation_config is None or not defaults:
         return None
     if any(getattr(generation_config, key, None) is None for key, value in defaults.items() if value is not None):

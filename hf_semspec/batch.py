@@ -35,6 +35,11 @@ class DecodingBatch:
         slot_capacity (`int`): slots to allocate; `grow=True` lets them grow (dynamic caches), else it is the static
             caches' length and a fixed shape of the mask handed to compiled forwards.
         token_capacity (`int`): room in the token layout: the longest sequence plus one round's drafts.
+        max_position (`int`, *optional*): the largest position id a forward is given (`max_length − 1`): a row can
+            keep no token past it, and slots past it (drafts a row near its end may never accept, but that a batch
+            drafts for its other rows, or a multi-level step's fixed-width candidate block) get this position
+            instead. A model with learned absolute positions (GPT-2, OPT) has no row for them; causal attention
+            leaves the logits of the slots before them unchanged, and their own logits are never used.
     """
 
     def __init__(
@@ -44,8 +49,10 @@ class DecodingBatch:
         slot_capacity: int,
         token_capacity: int,
         grow: bool,
+        max_position: int | None = None,
     ):
         batch_size, length = input_ids.shape
+        self.max_position = max_position
         device = input_ids.device
         self.grow = grow
         # One slot more than the caches hold: the next token of a round that ends at the last one goes there (it is
@@ -104,12 +111,19 @@ class DecodingBatch:
     # -- what a forward over slots [start, end) is given -----------------------------------------------------------
 
     def positions(self, start: int, end: int) -> torch.LongTensor:
-        """Position ids `(batch, end − start)` of slots `[start, end)`: the row's real tokens before each slot."""
+        """Position ids `(batch, end − start)` of slots `[start, end)`: the row's real tokens before each slot, at most
+        `max_position`."""
         if not self.masked:
-            return torch.arange(start, end, device=self.device).expand(self.size, -1)
+            positions = torch.arange(start, end, device=self.device)
+            if self.max_position is not None and end - 1 > self.max_position:
+                positions = positions.clamp_max(self.max_position)
+            return positions.expand(self.size, -1)
         # Contiguous: a slice of the cumsum would have a stride that grows with `end`, which a compiled forward guards
         # on (one more graph, mid-call, the first time it changes).
-        return (self.mask[:, :end].cumsum(-1) - 1).clamp_min(0)[:, start:end].contiguous()
+        positions = (self.mask[:, :end].cumsum(-1) - 1).clamp_min(0)[:, start:end]
+        if self.max_position is not None:
+            positions = positions.clamp_max(self.max_position)
+        return positions.contiguous()
 
     def model_mask(self, end: int, full: bool) -> torch.LongTensor | None:
         """The 2D attention mask for a forward whose last slot is `end − 1`: `None` while no slot is masked, else the

@@ -53,15 +53,13 @@ from .draft_length import DraftLengthPolicy, RoundOutcome
 from .draft_length.base import UNSET_LENGTH_FALLBACK
 from .drafting import DraftBlock, ModelDrafter, greedy_steps
 from .errors import invalid_value
+from .generation_fields import allowed_text, refused_value
 from .model_calls import CachedModel, capture_lm_head_input
 from .ngram import NgramDrafter, PromptLookup, RowContexts, check_prompt_lookup
 from .processors import BatchProcessors
 from .rules.base import AcceptanceRule, VerificationInput, VerificationResult
 from .stats import AcceptanceStats
 
-# `cache_implementation` values the loop runs with: a `DynamicCache` (None: transformers' default), or static caches
-# for both models, whose forwards are then compiled as transformers compiles plain decoding's.
-SUPPORTED_CACHE_IMPLEMENTATIONS = (None, "dynamic", "static")
 
 # Keys of `model_kwargs` that the loop manages itself (transformers prepared them for one-token-per-step decoding).
 _MANAGED_MODEL_KWARGS = (CACHE_ARGUMENT, "attention_mask", "position_ids", "use_cache", "logits_to_keep")
@@ -83,50 +81,13 @@ class SpeculativeDecoderOnlyOutput(GenerateDecoderOnlyOutput):
 
 
 def check_generation_config(generation_config: GenerationConfig, input_ids: torch.LongTensor, rule: AcceptanceRule):
-    """Rejects what the speculative loop does not support, before any forward pass."""
-    unsupported = {
-        "num_beams": (generation_config.num_beams, 1, "beam search is not speculative; remove num_beams"),
-        "output_attentions": (generation_config.output_attentions, False, "remove output_attentions=True"),
-        "output_hidden_states": (generation_config.output_hidden_states, False, "remove output_hidden_states=True"),
-        "use_cache": (generation_config.use_cache, True, "speculative decoding needs the KV cache: use_cache=True"),
-    }
-    for field, (value, supported, fix) in unsupported.items():
-        if value not in (None, supported):
-            raise invalid_value(field, value, f"{supported!r} with an acceptance rule", fix)
-    if generation_config.guidance_scale not in (None, 1, 1.0):
-        raise invalid_value(
-            "guidance_scale",
-            generation_config.guidance_scale,
-            "None or 1 with an acceptance rule (classifier-free guidance re-runs the model one token at a time)",
-            "remove guidance_scale, or drop assistant_model",
-        )
-    # Other decoding methods, which transformers would run, and ignores once a decoding loop is passed to it.
-    # (`prompt_lookup_num_tokens` is not one of them: without an assistant_model it is this loop's drafter.)
-    other_methods = {
-        "penalty_alpha": "contrastive search",
-        "dola_layers": "DoLa decoding",
-        "assistant_early_exit": "early-exit self-drafting (the drafts here are assistant_model's or prompt lookup's)",
-        "use_mtp": "multi-token-prediction drafting (the drafts here are assistant_model's or prompt lookup's)",
-    }
-    for field, method in other_methods.items():
-        value = getattr(generation_config, field, None)
-        if value is not None and value is not False:  # use_mtp=False asks for nothing
-            raise invalid_value(field, value, f"None with an acceptance rule ({method} is another decoding method)",
-                                f"remove {field}, or drop assistant_model and acceptance for {method.split(' (')[0]}")
-    if getattr(generation_config, "prefill_chunk_size", None) is not None:
-        raise invalid_value(
-            "prefill_chunk_size",
-            generation_config.prefill_chunk_size,
-            "None with an acceptance rule (the loop prefills the prompt in one forward of each model)",
-            "remove prefill_chunk_size, or drop assistant_model and acceptance for chunked prefill",
-        )
-    if generation_config.cache_implementation not in SUPPORTED_CACHE_IMPLEMENTATIONS:
-        raise invalid_value(
-            "cache_implementation",
-            generation_config.cache_implementation,
-            f"one of {SUPPORTED_CACHE_IMPLEMENTATIONS} with an acceptance rule ('static' for the compiled GPU path)",
-            "pass cache_implementation='static' or 'dynamic' with the call where a generation config sets another",
-        )
+    """Rejects what the speculative loop does not support, before any forward pass: every field that
+    `generation_fields.GENERATION_FIELDS` limits (other decoding methods, outputs the loop does not make, caches it
+    cannot roll back), the prompt's length and the rule's decoding mode."""
+    refused = refused_value(generation_config)
+    if refused is not None:
+        name, value, use = refused
+        raise invalid_value(name, value, allowed_text(use), use.fix)
     if input_ids.shape[1] == 0:
         raise invalid_value("input_ids.shape[1] (prompt length)", 0, "at least 1 token", "pass a non-empty prompt")
     rule.check_decoding_mode(bool(generation_config.do_sample))
@@ -258,11 +219,12 @@ def compiled_round(compile_config) -> Callable:
 
 
 def verification_tensors(rule: AcceptanceRule, draft_token_ids: torch.LongTensor,
-                         target_logits: torch.FloatTensor) -> tuple:
+                         target_logits: torch.FloatTensor, draft_probs: torch.FloatTensor | None = None) -> tuple:
     """`rule.verify` of a greedy round with no per-row limit, from tensors to tensors (`num_accepted`, `next_token`,
     `accepted`, `num_matched`), for `torch.compile` to make one graph of the rule's verification: every rule's
-    `verify` is tensor work with no host read."""
-    result = rule.verify(VerificationInput(draft_token_ids=draft_token_ids, target_logits=target_logits))
+    `verify` is tensor work with no host read. `draft_probs`: q, for a rule that reads it when greedy (`ensemble`)."""
+    result = rule.verify(VerificationInput(draft_token_ids=draft_token_ids, target_logits=target_logits,
+                                           draft_probs=draft_probs))
     return result.num_accepted, result.next_token, result.accepted, result.num_matched
 
 
@@ -673,7 +635,8 @@ class _Loop:
         draft_length.set_deferred_window(rule.deferred_window)
         return_dict = generation_config.return_dict_in_generate
         return cls(
-            batch=DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static),
+            batch=DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static,
+                                max_position=max_length - 1),
             target=target,
             drafter=drafter,
             processors=processors,
@@ -686,7 +649,8 @@ class _Loop:
             lm_head=model.get_output_embeddings() if capture_hidden else None,
             do_sample=do_sample,
             forward_kwargs=forward_kwargs,
-            records=[_RowRecord(AcceptanceStats(), [], []) for _ in range(batch_size)],
+            records=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options()), [], [])
+                     for _ in range(batch_size)],
             keep_scores=bool(return_dict and generation_config.output_scores),
             keep_logits=bool(return_dict and generation_config.output_logits),
             # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)
@@ -706,7 +670,8 @@ class _Loop:
         if (self.verification is None or inputs.draft_limits is not None
                 or inputs.num_draft_tokens != self.verification_gamma):
             return rule.verify(inputs)
-        return VerificationResult(*self.verification(rule, inputs.draft_token_ids, inputs.target_logits))
+        probs = inputs.draft_probs if rule.requires_draft_probs else None  # (greedy: only a rule that reads q)
+        return VerificationResult(*self.verification(rule, inputs.draft_token_ids, inputs.target_logits, probs))
 
     def verification_input(self, draft: DraftBlock, processed: torch.FloatTensor,
                            hidden: torch.FloatTensor | None) -> VerificationInput:

@@ -32,6 +32,7 @@ from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
 from .draft_length.base import MAX_DRAFT_TOKENS, default_length
 from .errors import invalid_value
+from .generation_fields import GENERATION_FIELDS, allowed_text
 from .ngram import PromptLookup, check_prompt_lookup
 from .rules import RULES, AcceptanceRule
 
@@ -122,10 +123,7 @@ def _stop_strings_as_criteria(
         model.generation_config.token_healing,
     )
     if token_healing:
-        raise invalid_value(
-            "token_healing", token_healing, "False with an acceptance rule",
-            "heal the prompt first (input_ids = model.heal_tokens(input_ids, tokenizer)), then generate without it",
-        )
+        _refuse("token_healing", token_healing)
     from_config, from_model = getattr(generation_config, "stop_strings", None), model.generation_config.stop_strings
     stop_strings = kwargs["stop_strings"] if "stop_strings" in kwargs else _first_set(from_config, from_model)
     if stop_strings is None:
@@ -139,6 +137,12 @@ def _stop_strings_as_criteria(
             )
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
     return criteria, _hand_transformers_none("stop_strings", kwargs, generation_config, model)
+
+
+def _refuse(name: str, value: Any) -> None:
+    """Raises the error `generation_fields.GENERATION_FIELDS` writes for a refused field checked in `generate()`."""
+    use = GENERATION_FIELDS[name]
+    raise invalid_value(name, value, allowed_text(use), use.fix)
 
 
 def _hand_transformers_none(name: str, kwargs: dict, generation_config: GenerationConfig | None, model
@@ -220,6 +224,48 @@ def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | N
             )
         return None
     return check_prompt_lookup(num_tokens, ngram_size, num_tokens_field, ngram_field)
+
+
+def _with_ensemble_weight(rule_name: Any, rule_kwargs: Any, kwargs: dict, generation_config: GenerationConfig | None,
+                          model) -> tuple[Any, Any, float | None]:
+    """`(rule name, its options, the weight)` once transformers' `assistant_ensemble_weight` (read as transformers
+    merges it: the call, a passed config, the model's) is taken into account. With `acceptance="exact"` it means
+    `ensemble` at that weight, as it does in stock assisted generation; with `"ensemble"` it is the rule's weight
+    where `acceptance_kwargs` gives none (the same one where both do). With any other rule it is refused: the two
+    relaxations do not compose. Without a rule it stays transformers' (stock assisted generation reads it). The weight
+    is None where unset or where no rule decodes."""
+    weight, field = _as_transformers_merges("assistant_ensemble_weight", kwargs, generation_config, model)
+    if weight is None or rule_name is None:
+        return rule_name, rule_kwargs, None
+    number = python_number(weight)
+    if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number < 1:
+        raise invalid_value(
+            field, weight, "a float in (0, 1): the target's share w of the mixture w·p + (1 − w)·q the drafts are "
+            "verified against", "pass e.g. assistant_ensemble_weight=0.5, or None for lossless verification",
+        )
+    number = float(number)
+    if rule_name == "exact":
+        RULES.build(rule_name, rule_kwargs)  # `exact` has no options: any given are refused, not dropped
+        return "ensemble", {"weight": number}, number
+    if rule_name == "ensemble":
+        given = (rule_kwargs.get("weight") if isinstance(rule_kwargs, dict)
+                 else getattr(rule_kwargs, "weight", None))
+        if given is None:
+            return rule_name, {**(rule_kwargs or {}), "weight": number}, number
+        if python_number(given) == number:
+            return rule_name, rule_kwargs, number
+        raise invalid_value(
+            field, weight, f"the same weight as acceptance_kwargs['weight']={given!r} when both are given",
+            "give the weight once: acceptance_kwargs={'weight': w}, or assistant_ensemble_weight=w",
+        )
+    raise invalid_value(
+        field, weight,
+        f"None with acceptance={rule_name!r} (transformers' static ensemble verification is a rule of its own, "
+        "acceptance='ensemble'; the two relaxations do not compose)",
+        f"drop assistant_ensemble_weight to run {rule_name!r}, or pass acceptance='ensemble' (or 'exact', which "
+        f"assistant_ensemble_weight turns into 'ensemble', as in transformers) with acceptance_kwargs={{'weight': "
+        f"{number}}}",
+    )
 
 
 def _drafts_own_length(assistant_model) -> int | None:
@@ -785,6 +831,9 @@ def generate(
                 f"pass assistant_model=<draft model>, or acceptance={rule_name!r} with the call (for prompt-lookup "
                 f"drafts verified by the rule), or drop {field}",
             )
+    rule_name, rule_kwargs, ensemble_weight = _with_ensemble_weight(
+        rule_name, rule_kwargs, kwargs, generation_config, model
+    )
     if rule_name is None or (assistant_model is None and source == "model"):
         with _handing_to_transformers():
             return stock_generate(
@@ -818,12 +867,7 @@ def generate(
     if confidence_threshold is not None:
         # transformers reads this stop from the draft model's generation config only and drops a call's value; here
         # the draft length is the `draft_length` policy's alone, so a value given with the call would do nothing.
-        raise invalid_value(
-            "assistant_confidence_threshold",
-            confidence_threshold,
-            "None with an acceptance rule (how many tokens to draft is the `draft_length` policy's decision)",
-            "remove it; draft_length='svip' or 'adaedl' ends a round when the draft is unsure",
-        )
+        _refuse("assistant_confidence_threshold", confidence_threshold)
     if kwargs.get("assistant_tokenizer") is not None:
         # transformers drops it for a `custom_generate` loop (ours), so a draft with another tokenizer would be
         # verified id by id against the wrong tokens.
@@ -850,6 +894,11 @@ def generate(
     stock_arguments["stopping_criteria"], stock_arguments["generation_config"] = _stop_strings_as_criteria(
         kwargs, generation_config, model, stopping_criteria
     )
+
+    if ensemble_weight is not None:  # read into the rule: transformers' own use of it is not what runs
+        stock_arguments["generation_config"] = _hand_transformers_none(
+            "assistant_ensemble_weight", kwargs, stock_arguments["generation_config"], model
+        )
 
     # 2. Build and validate everything before transformers prepares the inputs.
     rule = RULES.build(rule_name, rule_kwargs)

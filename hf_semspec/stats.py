@@ -5,6 +5,17 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 
+# `AcceptanceStats.acceptance` of statistics merged from calls that ran different rules.
+MIXED = "mixed"
+
+
+def _merged(mine, theirs, differ):
+    """One field of two merged statistics: the one given (None: not recorded), or `differ` where both are and differ."""
+    if mine is None or mine == theirs:
+        return theirs
+    return mine if theirs is None else differ
+
+
 @dataclass
 class AcceptanceStats:
     """Counts of one `generate()` call (or several, merged with `+`).
@@ -40,6 +51,10 @@ class AcceptanceStats:
         num_ngram_drafts (`int`): with multi-level drafting (a draft model and prompt lookup), the drafts that were
             n-gram candidates the draft model confirmed, drafted without a forward of their own (at most the row's
             drafts of the round); 0 otherwise.
+        acceptance (`str`, *optional*): the rule that ran, e.g. `"ensemble"` for `acceptance="exact"` with
+            transformers' `assistant_ensemble_weight`; `MIXED` for statistics merged from calls of different rules.
+        acceptance_kwargs (`dict`, *optional*): that rule's options, all of them (defaults included); `None` when
+            merged from calls with different ones.
     """
 
     num_target_forwards: int = 0
@@ -54,6 +69,8 @@ class AcceptanceStats:
     num_draft_forwards: int = 0
     num_ngram_hits: int = 0
     num_ngram_drafts: int = 0
+    acceptance: str | None = None
+    acceptance_kwargs: dict | None = None
 
     def __post_init__(self):
         if self.num_row_forwards is None:  # one row's statistics (or a file written before the field)
@@ -120,6 +137,8 @@ class AcceptanceStats:
             num_draft_forwards=self.num_draft_forwards + other.num_draft_forwards,
             num_ngram_hits=self.num_ngram_hits + other.num_ngram_hits,
             num_ngram_drafts=self.num_ngram_drafts + other.num_ngram_drafts,
+            acceptance=_merged(self.acceptance, other.acceptance, MIXED),
+            acceptance_kwargs=_merged(self.acceptance_kwargs, other.acceptance_kwargs, None),
         )
 
     def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int, num_draft_forwards: int = 0,

@@ -44,6 +44,21 @@ def tiny_llama(seed: int, **overrides) -> LlamaForCausalLM:
     return model
 
 
+def tiny_gpt2(seed: int, n_positions: int = 40, **overrides):
+    """A tiny GPT-2: learned absolute positions (a table of `n_positions` rows, `wpe`), where a position past the
+    table raises IndexError, unlike the Llama models' rotary positions."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    values = dict(vocab_size=VOCAB, n_positions=n_positions, n_embd=64, n_layer=2, n_head=4, bos_token_id=1,
+                  eos_token_id=EOS, pad_token_id=0, tie_word_embeddings=False)
+    values.update(overrides)
+    torch.manual_seed(seed)
+    model = GPT2LMHeadModel(GPT2Config(**values)).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)
+    return model
+
+
 def perturbed_copy(model: torch.nn.Module, scale: float, seed: int) -> torch.nn.Module:
     """The target with noise on every weight: a draft that agrees often but not always."""
     draft = type(model)(model.config).eval()

@@ -277,8 +277,9 @@ def test_merge_pools_the_slices_per_prompt_and_marks_dominated_points(tmp_path, 
     assert a["speedup"] == pytest.approx(math.sqrt(2)) and a["nll_increase"] == pytest.approx(0.25)
     logs = [math.log(r) for r in (2.0, 0.5, 1.0, 4.0)]
     sd = (sum((x - sum(logs) / 4) ** 2 for x in logs) / 3) ** 0.5
-    assert a["speedup_ci95"] == pytest.approx([math.sqrt(2) * math.exp(-1.96 * sd / 2),
-                                              math.sqrt(2) * math.exp(1.96 * sd / 2)])
+    t = 3.18245  # Student's t₀.₉₇₅ at 3 degrees of freedom (4 prompts)
+    assert a["speedup_ci95"] == pytest.approx([math.sqrt(2) * math.exp(-t * sd / 2),
+                                              math.sqrt(2) * math.exp(t * sd / 2)], rel=1e-5)
     assert a["tau"] == pytest.approx(100 / 45)  # pooled: 10 + 20 + 30 + 40 tokens over 5 + 10 + 10 + 20 forwards
     # exact's answers 1, 0, 1, 0; A's 0, 1, 1, 1: it wins problems 1 and 3 and loses problem 0
     assert (a["answer_wins"], a["answer_losses"], a["net_answer_flips"], a["accuracy"]) == (2, 1, 1, 0.75)

@@ -124,10 +124,11 @@ def test_ratio_summary_worked_numbers():
 
 def test_ratio_summary_interval_worked_numbers():
     """ln of e and 1/e are ±1: their mean is 0 (geomean 1), their sd sqrt(2), so the standard error of ln(geomean)
-    is sqrt(2) / sqrt(2) = 1 and the 95% interval exp(±1.96); one ratio has no spread, hence no interval."""
+    is sqrt(2) / sqrt(2) = 1 and the 95% interval exp(±t) with Student's t₀.₉₇₅ at 1 degree of freedom, 12.7062 (two
+    ratios: far wider than the normal ±1.96); one ratio has no spread, hence no interval."""
     s = metrics.ratio_summary([math.e, 1 / math.e])
     assert s["geomean"] == pytest.approx(1.0) and s["log_se"] == pytest.approx(1.0)
-    assert s["ci95"] == pytest.approx([math.exp(-1.96), math.exp(1.96)])
+    assert s["ci95"] == pytest.approx([math.exp(-12.7062), math.exp(12.7062)], rel=1e-4)
     s = metrics.ratio_summary([1.2, 1.2, 1.2])
     assert s["log_se"] == pytest.approx(0.0) and s["ci95"] == pytest.approx([1.2, 1.2])
     s = metrics.ratio_summary([1.5])

@@ -6,6 +6,7 @@ field of the report. Tiny models, greedy unless said; no timing is asserted."""
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from dataclasses import fields
 from unittest.mock import patch
@@ -430,3 +431,17 @@ def test_sampling_from_the_models_config_is_reported_and_warned(target, close_dr
         assert greedy.decoding["do_sample"] is False
     finally:
         config.do_sample, config.temperature, config.top_p = saved
+
+
+def test_intervals_use_student_t_not_the_normal_quantile():
+    """Published t₀.₉₇₅ values; the normal 1.96 only as n grows. A mean of 3 values: ± 4.303·sd/√3."""
+    from hf_semspec.compare import geometric_mean_interval, mean_interval, t_quantile_975
+
+    for df, table in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452), (1000, 1.9623)):
+        assert t_quantile_975(df) == pytest.approx(table, abs=1e-4), df
+    mean, (low, high) = mean_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and high - mean == pytest.approx(4.3027 * 1.0 / 3 ** 0.5, abs=1e-4)
+    geo, (low, high) = geometric_mean_interval([2.0, 0.5])  # ln ratios ±ln 2: sd √2·ln 2, n 2
+    assert geo == pytest.approx(1.0) and high == pytest.approx(math.exp(12.7062 * math.log(2)), rel=1e-4)
+    with pytest.raises(ValueError, match="an int ≥ 1"):
+        t_quantile_975(0)

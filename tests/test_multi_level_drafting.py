@@ -296,3 +296,33 @@ def test_draft_forwards_per_drafted_token_drop_below_one_on_repetitive_text(atta
     assert stats.num_ngram_hits == 0  # (rounds whose drafts prompt lookup alone found: not this mode)
     assert stats.to_dict()["num_ngram_drafts"] == stats.num_ngram_drafts
     assert (stats + stats).num_ngram_drafts == 2 * stats.num_ngram_drafts
+
+
+def test_a_round_leaves_the_contexts_as_the_target_kept_them(close_draft):
+    """`ModelDrafter.draft` ends the round it began in the n-gram contexts: its drafts, searched by its own later steps,
+    are gone once it returns, so the next round's lookup searches only the tokens the loop appends (what the target
+    kept). (Keeping rejected drafts would be a choice to measure, not a side effect.)"""
+    ids = torch.tensor([[5, 9, 14, 22, 5, 9, 14, 22]])
+    d = drafter(close_draft, ids, num_tokens=4)
+    before = list(d.contexts.indexes[0].tokens)
+    block = d.draft(batch_of(ids), max_tokens=6)
+    assert block.num_tokens == 6
+    assert d.contexts.indexes[0].tokens == before
+
+
+def test_a_step_where_a_decoding_row_finds_no_candidate_drafts_one_token(close_draft):
+    """Row 0's context repeats (its lookup finds candidates), row 1's does not: the step cannot confirm any candidate
+    for row 1 (m = 0), so it drafts one token the usual way, a forward over the unseen slots only, not a forward widened
+    by row 0's candidates."""
+    ids = torch.tensor([[5, 9, 14, 22, 5, 9, 14, 22], [40, 41, 42, 43, 44, 45, 46, 47]])
+    d = drafter(close_draft, ids, num_tokens=4)
+    assert d.contexts.found(0, 1) and not d.contexts.found(1, 1)
+    widths = []
+    handle = close_draft.register_forward_pre_hook(
+        lambda module, args, kwargs: widths.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
+    try:
+        block = d.draft(batch_of(ids), max_tokens=2)
+    finally:
+        handle.remove()
+    assert widths == [8, 1] and block.num_ngram_drafts == 0

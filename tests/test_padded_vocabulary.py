@@ -203,3 +203,23 @@ def test_a_pruned_drafter_is_checked_by_its_kept_ids(attached, close_draft, kept
     with pytest.raises(SemSpecConfigError, match=r"`assistant_model.kept_token_ids` = 'ids up to 129'.*below the "
                                                  r"target's vocab_size 128"):
         attached.generate(prompt(6), assistant_model=beyond, acceptance="exact", max_new_tokens=4)
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+def test_greedy_exact_with_a_wider_draft_whose_padding_scores_high(target, close_draft, tokenizer,
+                                                                   cache_implementation):
+    """Greedy `exact` with no processors drafts by `drafting.greedy_pick` (no full-vocabulary tensor): its argmax must
+    run over the target's ids only. Here the draft's padding rows outscore every real token, so an argmax over the
+    draft's own width would draft ids the target has no row for."""
+    wide_draft = padded(close_draft, PADDING, head_scale=50.0)
+    with torch.no_grad():
+        logits = wide_draft(prompt(6)).logits[0]
+    assert (logits.argmax(-1) >= VOCAB).any(), "the padding must win somewhere for the test to mean anything"
+    hf_semspec.attach(target)
+    try:
+        ids = prompt(6)
+        out = target.generate(ids, assistant_model=wide_draft, acceptance="exact", tokenizer=tokenizer,
+                              num_assistant_tokens=4, max_new_tokens=16, cache_implementation=cache_implementation)
+        assert torch.equal(out, type(target).generate(target, ids, max_new_tokens=16, do_sample=False))
+    finally:
+        hf_semspec.detach(target)

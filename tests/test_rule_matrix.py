@@ -26,6 +26,13 @@ VOCAB, HIDDEN = 11, 64
 HEAD = torch.nn.functional.normalize(torch.randn(VOCAB, HIDDEN, generator=torch.Generator().manual_seed(0)), dim=-1)
 
 
+# Rules whose sampled test keeps a draft the target all but rules out, by design: no one-hot target rejects it surely.
+KEEPS_UNLIKELY_DRAFTS = {
+    "ensemble": "ensemble keeps any allowed draft with probability ≥ 1 − w (tests/test_ensemble_rule.py checks its "
+                "emitted distribution)",
+}
+
+
 def rule_and_mode():
     return [pytest.param(name, do_sample, id=f"{name}-{'sample' if do_sample else 'greedy'}") for name in RULE_NAMES for do_sample in MODES]
 
@@ -87,6 +94,8 @@ def test_draft_equal_to_confident_target_is_fully_accepted(name, do_sample):
 def test_one_hot_target_rejects_a_mismatch_and_emits_its_token(name, do_sample, mismatch_at):
     rule = make_rule(name)
     skip_unsupported(rule, do_sample)
+    if do_sample and name in KEEPS_UNLIKELY_DRAFTS:
+        pytest.skip(KEEPS_UNLIKELY_DRAFTS[name])
     target_tokens = torch.tensor([[4, 7, 1, 9, 2]])
     draft = target_tokens[:, :-1].clone()
     draft[0, mismatch_at] = 6

@@ -96,6 +96,7 @@ import torch  # noqa: E402
 from benchmarks import data, markdown, metrics, models, report as machine  # noqa: E402
 from hf_semspec.compare import (  # noqa: E402
     REFERENCE,
+    STOCK,
     Configuration,
     compare,
     geometric_mean_interval,
@@ -115,7 +116,12 @@ GRIDS: dict[str, list[str]] = {
     "fly": [f"fly@entropy_threshold={theta}@window={window}" for window in (4, 6) for theta in (0.3, 0.6, 1.0)],
     "ears": [f"ears@beta={beta}" for beta in (0.1, 0.3, 0.5)],
     "dropmatch": [f"dropmatch@min_votes={votes}" for votes in (1, 2, 3)],
+    # issue 67: transformers' own lossy rule, run by hf_semspec's loop
+    "ensemble": [f"ensemble@weight={weight}" for weight in (0.3, 0.5, 0.7)],
 }
+# Stock transformers' own `assistant_ensemble_weight` through its own generate() (compare's peer configuration, at
+# hf_semspec's γ), a row beside `ensemble` at the same weight: --configs transformers@assistant_ensemble_weight=W.
+PEER = "transformers@assistant_ensemble_weight={weight}"
 GRID_NAMES = (*GRIDS, "all")
 
 # Seconds one configuration takes on one prompt (decoding plus its share of the NLL forward), for the plan printed
@@ -128,7 +134,8 @@ SLICE_BUDGET_S = 90 * 60  # issue 60: slices of at most about 90 minutes
 
 # Short labels of the grid's options, for the plot.
 OPTION_LABELS = {"entropy_threshold": "θ", "window": "W", "beta": "β", "min_votes": "votes"}
-RULE_COLOURS = {"fly": "tab:blue", "ears": "tab:orange", "dropmatch": "tab:green", "rdk": "tab:red"}
+RULE_COLOURS = {"fly": "tab:blue", "ears": "tab:orange", "dropmatch": "tab:green", "rdk": "tab:red",
+                "ensemble": "tab:purple", STOCK: "tab:gray"}
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -137,7 +144,7 @@ RULE_COLOURS = {"fly": "tab:blue", "ears": "tab:orange", "dropmatch": "tab:green
 
 
 def grid_configurations(grid: str) -> list[str]:
-    """The configurations of named grids: `fly`, `ears`, `dropmatch`, `all` (the three in that order), or several,
+    """The configurations of named grids: `fly`, `ears`, `dropmatch`, `all` (every grid, in order), or several,
     comma-separated (`ears,dropmatch`), in the order given."""
     names = split_entries(grid)
     if not names or any(name not in GRID_NAMES for name in names):
@@ -189,7 +196,8 @@ def rule_gamma(configuration: str, num_assistant_tokens: int | None) -> int:
     `default_num_draft_tokens`."""
     if num_assistant_tokens is not None:
         return num_assistant_tokens
-    return RULES.get(parse_configuration(configuration).rule).default_num_draft_tokens
+    rule = parse_configuration(configuration).rule
+    return RULES.get(REFERENCE if rule == STOCK else rule).default_num_draft_tokens  # (stock: at exact's γ)
 
 
 def option_label(options: Mapping) -> str:
@@ -358,12 +366,21 @@ def load_slice(path: Path) -> dict:
     return results
 
 
+def slice_isa(results: dict) -> str:
+    """The CPU's ISA a slice ran on (`report.cpu_isa`); slices written before it was recorded say so (they ran on
+    the 2-core AVX2 CPU of benchmarks/results/fidelity/)."""
+    return (results.get("machine") or {}).get("cpu_isa") or "not recorded"
+
+
 def slice_setting(results: dict) -> dict:
-    """What two slices must share to be pooled: models, decoding (seed included), repeats and the data source."""
+    """What two slices must share to be pooled: models, decoding (seed included), repeats, the data source, and the
+    CPU's ISA and thread count (a speed-up measured on AVX2 is not one measured with AVX-512 BF16)."""
     source = results["source"]
+    threads = (results.get("machine") or {}).get("torch_threads")
     return {"models": {k: results["models"].get(k) for k in ("target", "draft", "target_dtype", "draft_dtype")},
             "decoding": results["decoding"],
-            "source": source["kind"] if source["kind"] == "gsm8k" else f"spec-bench {source['profile']}"}
+            "source": source["kind"] if source["kind"] == "gsm8k" else f"spec-bench {source['profile']}",
+            "cpu": f"{slice_isa(results)}, {threads} thread{'s' if threads != 1 else ''}"}
 
 
 def configuration_records(results: dict) -> dict[str, dict]:
@@ -413,7 +430,7 @@ def pool_slices(slices: dict[str, dict]) -> tuple[dict[str, dict], dict]:
         differing = [f"{k}: {setting[k]!r} vs {other[k]!r}" for k in setting if setting[k] != other[k]]
         if differing:
             raise ValueError(f"{name} and {first_name} differ in " + "; ".join(differing) + ". Fix: merge slices of "
-                             "one setting (models, decoding, seed, data source) together.")
+                             "one setting (models, decoding, seed, data source, CPU ISA and threads) together.")
         for key, entry in configuration_records(results).items():
             target = pooled.setdefault(key, {**entry, "prompts": {}})
             if target["gamma"] != entry["gamma"]:
@@ -535,7 +552,8 @@ def merge(slices: dict[str, dict]) -> dict:
         row = summarize(entry)
         row["dominated_by"] = beaten.get(entry["name"], [])
         row["all_prompts"] = set(entry["prompts"]) == exact_prompts
-        row["is_default"] = (entry["rule"] != REFERENCE and key == _key(Configuration(entry["rule"], {}))
+        row["is_default"] = (entry["rule"] not in (REFERENCE, STOCK)
+                             and key == _key(Configuration(entry["rule"], {}))
                              and entry["gamma"] in (None, RULES.get(entry["rule"]).default_num_draft_tokens))
         rows.append(row)
     rule_order = list(dict.fromkeys(entry["rule"] for entry in pooled.values()))  # as the slices ran them
@@ -546,7 +564,8 @@ def merge(slices: dict[str, dict]) -> dict:
         "slices": {name: {"prompts": results["prompt_ids"], "configurations": [c["name"] for c in
                                                                               results["configurations"]],
                           "skip": results.get("skip", []), "elapsed_s": results.get("elapsed_s"),
-                          "commit": (results.get("machine") or {}).get("git")}
+                          "commit": (results.get("machine") or {}).get("git"), "isa": slice_isa(results),
+                          "threads": (results.get("machine") or {}).get("torch_threads")}
                    for name, results in slices.items()},
         "prompts": len(exact_prompts),
         "configurations": rows,
@@ -572,11 +591,13 @@ def render(report: dict) -> str:
     lines = [f"# Frontier: {setting['source']}, {mode}", "",
              f"- Target `{setting['models']['target']}`, draft `{setting['models']['draft']}` "
              f"({setting['models'].get('target_dtype')} / {setting['models'].get('draft_dtype')}); max_new_tokens "
-             f"{decoding['max_new_tokens']}; {report['prompts']} prompts in {len(report['slices'])} slice"
+             f"{decoding['max_new_tokens']}; CPU: {setting.get('cpu', 'not recorded')}; {report['prompts']} prompts "
+             f"in {len(report['slices'])} slice"
              f"{'s' if len(report['slices']) > 1 else ''}: " + ", ".join(f"`{n}`" for n in report["slices"]) + ".",
              "- Speed-up: per prompt, tokens/s over `exact`'s in the same slice (the configurations are interleaved "
              "per prompt), geometric mean with its 95% interval. NLL increase: the target's per-token NLL of the "
-             "output minus `exact`'s, mean ± t·sd/√n (Student's t, n − 1 degrees of freedom). τ: new tokens per target forward, pooled. "
+             "output minus `exact`'s, mean ± t·sd/√n (Student's t, n − 1 degrees of freedom). τ: new tokens per "
+             "target forward, pooled. "
              + ("Flips: prompts where the answer is right and `exact`'s wrong (+) or the reverse (−). " if scored
                 else "")
              + "Dominated by: the same rule's points with a higher speed-up and a lower NLL increase on the prompts "
@@ -716,7 +737,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="one slice: exact and the grid's configurations on a set of prompts")
     run.add_argument("--grid", help="named grids, comma-separated: " + "; ".join(
-        f"{g}: {', '.join(c)}" for g, c in GRIDS.items()) + "; all: the three")
+        f"{g}: {', '.join(c)}" for g, c in GRIDS.items()) + "; all: every grid")
     run.add_argument("--configs", help="more configurations, comma-separated rule@option=value (as compare())")
     run.add_argument("--skip", help="configurations of the selection to leave out, comma-separated (`dominated` "
                      "prints the list)")

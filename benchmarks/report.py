@@ -32,6 +32,25 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_isa() -> str:
+    """The widest vector extension the CPU offers for these models' matmuls, from /proc/cpuinfo's flags: "AMX",
+    "AVX-512 BF16", "AVX-512", "AVX2", or the machine's architecture elsewhere. What pays on a CPU differs with it
+    (bf16 wide forwards are cheap with AVX-512 BF16 or AMX, costly on AVX2), so every CPU result is tagged with it
+    and ratios measured on different ISAs are not merged."""
+    cpuinfo = Path("/proc/cpuinfo")
+    flags: set[str] = set()
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text(encoding="utf-8").splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    for flag, name in (("amx_bf16", "AMX"), ("avx512_bf16", "AVX-512 BF16"), ("avx512f", "AVX-512"),
+                       ("avx2", "AVX2")):
+        if flag in flags:
+            return name
+    return platform.machine() or "unknown"
+
+
 def git_commit() -> dict:
     """HEAD of the repository and whether the work tree has changes (read-only git commands)."""
 
@@ -51,6 +70,7 @@ def machine_info() -> dict:
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
         "cpu_model": cpu_model(),
+        "cpu_isa": cpu_isa(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "load_average_1_5_15": load,

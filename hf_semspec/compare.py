@@ -39,6 +39,7 @@ from .errors import SemSpecConfigError, invalid_value
 from .generation import _is_attached, attach, detach
 from .ngram import parse_prompt_lookup
 from .rules import RULES
+from .stats import AcceptanceStats
 
 if getattr(sys, "argv", [])[:1] == ["-m"]:
     # `python -m hf_semspec.compare` imports the package, which imports this module, before runpy runs it as
@@ -58,12 +59,30 @@ RESERVED_GENERATE_KWARGS = ("assistant_model", "acceptance", "acceptance_kwargs"
 # ---------------------------------------------------------------------------------------------------------------------
 
 
+# The peer configuration: stock transformers' assisted generation, run through its own `generate()` (no rule), with
+# its options as `GenerationConfig` fields: `transformers@assistant_ensemble_weight=0.5` is transformers' own lossy
+# rule (static ensemble verification), `transformers` alone its lossless assisted generation.
+STOCK = "transformers"
+STOCK_OPTIONS = ("assistant_ensemble_weight",)
+
+
 @dataclass(frozen=True)
 class Configuration:
-    """One compared configuration: the rule `rule` with `options` (its `acceptance_kwargs`), validated."""
+    """One compared configuration: the rule `rule` with `options` (its `acceptance_kwargs`), validated; or `STOCK`,
+    stock transformers with `options` among `STOCK_OPTIONS`."""
 
     rule: str
     options: dict = field(default_factory=dict)
+
+    @property
+    def is_stock(self) -> bool:
+        return self.rule == STOCK
+
+    @property
+    def lossless(self) -> bool:
+        if self.is_stock:
+            return self.options.get("assistant_ensemble_weight") is None
+        return bool(RULES.get(self.rule).lossless)
 
     @property
     def name(self) -> str:
@@ -74,6 +93,8 @@ class Configuration:
     @property
     def key(self) -> str:
         """The options that differ from the rule's defaults: two entries with one key are one configuration."""
+        if self.is_stock:
+            return self.rule + json.dumps(self.options, sort_keys=True)
         return self.rule + json.dumps(RULES.build(self.rule, self.options).config.to_dict(), sort_keys=True)
 
 
@@ -104,11 +125,27 @@ def parse_configuration(entry: str | tuple[str, dict] | Configuration) -> Config
     else:
         raise invalid_value("rules", entry, VARIANT_SYNTAX + ", or a (rule, options dict) pair",
                             "pass e.g. rules=['exact', 'fly@window=4'] or rules=[('fly', {'window': 4})]")
+    if name == STOCK:
+        _check_stock_options(entry, options)
+        return Configuration(name, options)
     try:
         RULES.build(name, options)
     except SemSpecConfigError as error:
         raise SemSpecConfigError(f"`rules` entry {entry!r}: {error}") from error
     return Configuration(name, options)
+
+
+def _check_stock_options(entry: Any, options: dict) -> None:
+    """The options of a `STOCK` entry: `assistant_ensemble_weight` in (0, 1), nothing else."""
+    for key, value in options.items():
+        if key not in STOCK_OPTIONS:
+            raise invalid_value(f"rules entry {entry!r}: option {key!r}", value,
+                                f"one of {list(STOCK_OPTIONS)} for stock transformers ({STOCK!r})",
+                                f"write e.g. '{STOCK}@assistant_ensemble_weight=0.5', or '{STOCK}' for its lossless "
+                                "assisted generation")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
+            raise invalid_value(f"rules entry {entry!r}: option {key!r}", value, "a float in (0, 1)",
+                                f"write e.g. '{STOCK}@assistant_ensemble_weight=0.5'")
 
 
 def parse_rules(entries: Iterable[str | tuple[str, dict] | Configuration]) -> list[Configuration]:
@@ -414,6 +451,67 @@ class _Run:
         return len(self.ids) / self.seconds if self.seconds > 0 else 0.0
 
 
+class _StockCall:
+    """Runs the `STOCK` configuration: stock transformers' assisted generation (`acceptance=None`), its options as
+    `generate()` keywords, drafting what hf_semspec's rounds draft: γ = the call's `num_assistant_tokens` (else
+    `exact`'s default, 5), fixed (`num_assistant_tokens_schedule="constant"`), and without transformers' confidence
+    stop (`assistant_confidence_threshold` 0: its default 0.4 ends rounds early, which would change what is compared).
+    Stock reads these from the draft's generation config: they are set there for each call and put back after it.
+    Stock returns no statistics: τ is counted from the target's forwards (a hook: one per round, the prefill's
+    included, as hf_semspec counts them), accepted drafts as new tokens less forwards, drafted as the draft's forwards.
+    """
+
+    SEMSPEC_ONLY = ("draft_length", "draft_length_kwargs", "prompt_lookup_num_tokens", "max_matching_ngram_size")
+
+    def __init__(self, target, draft, call_kwargs: dict):
+        if draft is None:
+            raise invalid_value("draft", None, f"a draft model with a '{STOCK}' configuration (stock assisted "
+                                "generation drafts with one)", f"pass the draft model, or drop '{STOCK}' from rules")
+        for name in self.SEMSPEC_ONLY:
+            if call_kwargs.get(name) is not None:
+                raise invalid_value(name, call_kwargs[name], f"unset with a '{STOCK}' configuration (what stock "
+                                    "assisted generation drafts must match hf_semspec's plain drafting)",
+                                    f"drop {name}, or drop '{STOCK}' from rules")
+        self.target, self.draft = target, draft
+        self.kwargs = {k: v for k, v in call_kwargs.items() if k != "num_assistant_tokens"}
+        gamma = call_kwargs.get("num_assistant_tokens")
+        self.draft_settings = {
+            "num_assistant_tokens": gamma if gamma is not None else RULES.get(REFERENCE).default_num_draft_tokens,
+            "num_assistant_tokens_schedule": "constant",
+            "assistant_confidence_threshold": 0.0,
+        }
+
+    def run(self, input_ids: torch.LongTensor, options: dict, eos_ids: list[int]) -> _Run:
+        config = self.draft.generation_config
+        saved = {name: getattr(config, name, None) for name in self.draft_settings}
+        counts = {"target": 0, "draft": 0}
+        hooks = [model.register_forward_pre_hook(lambda *_, role=role: counts.__setitem__(role, counts[role] + 1))
+                 for role, model in (("target", self.target), ("draft", self.draft))]
+        try:
+            for name, value in self.draft_settings.items():
+                setattr(config, name, value)
+            _synchronize(self.target.device)
+            start = time.perf_counter()
+            out = self.target.generate(input_ids, attention_mask=torch.ones_like(input_ids),
+                                       assistant_model=self.draft, acceptance=None, **options, **self.kwargs)
+            _synchronize(self.target.device)
+            seconds = time.perf_counter() - start
+        finally:
+            for hook in hooks:
+                hook.remove()
+            for name, value in saved.items():
+                setattr(config, name, value)
+        sequences = out if isinstance(out, torch.Tensor) else out.sequences
+        ids = new_token_ids(sequences, input_ids.shape[1], eos_ids)
+        forwards = counts["target"]
+        stats = AcceptanceStats(
+            num_target_forwards=forwards, num_new_tokens=len(ids), num_accepted=max(0, len(ids) - forwards),
+            num_drafted=counts["draft"], num_draft_forwards=counts["draft"], acceptance=STOCK,
+            acceptance_kwargs=dict(options),
+        )
+        return _Run(ids, seconds, stats)
+
+
 class _Progress:
     """tqdm's bar where tqdm imports (transformers depends on it), else a line per prompt on stderr; nothing when
     `enabled` is False."""
@@ -603,6 +701,7 @@ def compare(
     call_kwargs = dict(generate_kwargs)
     if tokenizer is not None:
         call_kwargs.setdefault("tokenizer", tokenizer)
+    stock = _StockCall(target, draft, call_kwargs) if any(c.is_stock for c in configurations) else None
 
     def decode(configuration: Configuration, prompt_index: int) -> _Run:
         input_ids = encoded[prompt_index]
@@ -612,6 +711,8 @@ def compare(
         collecting = gc.isenabled()
         gc.disable()
         try:
+            if configuration.is_stock:
+                return stock.run(input_ids, configuration.options, eos_ids)
             _synchronize(device)
             start = time.perf_counter()
             out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
@@ -735,7 +836,7 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
     pairs = list(zip([p.score for p in per_prompt], reference_scores)) if scored else []
     return ConfigurationResult(
         name=configuration.name, rule=configuration.rule, options=dict(configuration.options),
-        lossless=bool(RULES.get(configuration.rule).lossless), prompts=len(per_prompt), new_tokens=new_tokens,
+        lossless=configuration.lossless, prompts=len(per_prompt), new_tokens=new_tokens,
         seconds=seconds, tokens_per_s=timed_tokens / seconds if seconds > 0 else 0.0,
         speedup=speedup, speedup_ci95=speedup_ci95,
         tau=sum(s.num_new_tokens for s in first_stats) / forwards if forwards else 0.0,

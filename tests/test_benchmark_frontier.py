@@ -57,12 +57,14 @@ def test_the_grids_are_the_issues_and_parse_to_their_options():
         {"beta": 0.1}, {"beta": 0.3}, {"beta": 0.5}]
     assert [parse_configuration(c).options for c in frontier.grid_configurations("dropmatch")] == [
         {"min_votes": 1}, {"min_votes": 2}, {"min_votes": 3}]
+    assert [parse_configuration(c).options for c in frontier.grid_configurations("ensemble")] == [
+        {"weight": 0.3}, {"weight": 0.5}, {"weight": 0.7}]
     every = frontier.grid_configurations("all")
-    assert len(every) == 12 and len({parse_configuration(c).key for c in every}) == 12
-    assert frontier.grid_configurations("ears,dropmatch") == frontier.grid_configurations("all")[6:]
+    assert len(every) == 15 and len({parse_configuration(c).key for c in every}) == 15
+    assert frontier.grid_configurations("ears,dropmatch") == frontier.grid_configurations("all")[6:12]
     assert frontier.grid_configurations("fly,all") == every  # a point named twice runs once
     with pytest.raises(SemSpecConfigError, match=r"`--grid` = 'fly,flyy' is not valid: allowed one or more "
-                                                 r"\(comma-separated\) of fly, ears, dropmatch, all\. Fix"):
+                                                 r"\(comma-separated\) of fly, ears, dropmatch, ensemble, all\. Fix"):
         frontier.grid_configurations("fly,flyy")
 
 
@@ -364,3 +366,29 @@ def test_without_matplotlib_merge_names_the_fix(tmp_path, monkeypatch):
     with pytest.raises(SystemExit, match=r"matplotlib is not installed.*\.\[benchmarks\].*--no-plot"):
         frontier.main(["merge", *map(str, paths), "--name", "worked", "--output-dir", str(tmp_path)])
     assert not (tmp_path / "frontier-worked.json").exists()  # refused before any work
+
+
+def test_merge_refuses_slices_of_another_isa_or_thread_count(tmp_path):
+    """A speed-up measured on an AVX2 CPU is not one measured with AVX-512 BF16: slices tagged with different ISAs
+    or thread counts, or one tagged and one not, are not pooled."""
+    paths = worked_slices(tmp_path)
+    for first_machine, second_machine in (({}, {"cpu_isa": "AVX2", "torch_threads": 2}),
+                                          ({"cpu_isa": "AVX2", "torch_threads": 2},
+                                           {"cpu_isa": "AVX-512 BF16", "torch_threads": 2}),
+                                          ({"cpu_isa": "AVX2", "torch_threads": 2},
+                                           {"cpu_isa": "AVX2", "torch_threads": 1})):
+        for path, machine in zip(paths, (first_machine, second_machine)):
+            results = json.loads(path.read_text())
+            results["machine"] = machine
+            path.write_text(json.dumps(results))
+        with pytest.raises(ValueError, match=r"differ in cpu: .* vs .*Fix: merge slices of one setting \(.*CPU ISA "
+                                             r"and threads\)"):
+            frontier.main(["merge", *map(str, paths), "--name", "mixed", "--output-dir", str(tmp_path), "--no-plot"])
+
+
+def test_the_stock_peer_runs_at_exact_s_gamma_and_is_no_rule_s_default():
+    assert frontier.rule_gamma("transformers@assistant_ensemble_weight=0.5", None) == 5
+    assert frontier.rule_gamma("transformers@assistant_ensemble_weight=0.5", 7) == 7
+    assert frontier.PEER.format(weight=0.5) == "transformers@assistant_ensemble_weight=0.5"
+    chosen = frontier.select_configurations("ensemble", [frontier.PEER.format(weight=0.5)])
+    assert chosen[-1] == "transformers@assistant_ensemble_weight=0.5" and len(chosen) == 4

@@ -445,3 +445,33 @@ def test_intervals_use_student_t_not_the_normal_quantile():
     assert geo == pytest.approx(1.0) and high == pytest.approx(math.exp(12.7062 * math.log(2)), rel=1e-4)
     with pytest.raises(ValueError, match="an int ≥ 1"):
         t_quantile_975(0)
+
+
+def test_stock_transformers_is_a_peer_configuration(attached, close_draft):
+    """`transformers@assistant_ensemble_weight=w` runs stock transformers' own lossy rule through its own `generate()`
+    at hf_semspec's γ: greedy, its outputs are `ensemble`'s at the same weight, token for token; its τ is counted
+    from the target's forwards; the draft's generation config is left as it was."""
+    before = dict(vars(close_draft.generation_config))
+    report = hf_semspec.compare(attached, close_draft, [prompt(8, seed=s)[0].tolist() for s in range(3)],
+                                rules=["ensemble@weight=0.3", "transformers@assistant_ensemble_weight=0.3",
+                                       "transformers"], repeats=1, progress=False, max_new_tokens=24,
+                                num_assistant_tokens=4, do_sample=False)
+    ours, stock, lossless = (report["ensemble@weight=0.3"], report["transformers@assistant_ensemble_weight=0.3"],
+                             report["transformers"])
+    assert [p.new_token_ids for p in stock.per_prompt] == [p.new_token_ids for p in ours.per_prompt]
+    assert stock.tau == pytest.approx(ours.tau) and stock.nll_increase == pytest.approx(ours.nll_increase)
+    assert not stock.lossless and lossless.lossless and lossless.identical_share == 1.0
+    assert stock.identical_share < 1.0  # the weight changed the text: the comparison tells the rules apart
+    assert dict(vars(close_draft.generation_config)) == before
+    assert "| `transformers@assistant_ensemble_weight=0.3` | no |" in report.to_markdown()
+
+
+def test_stock_configuration_is_checked(attached, close_draft):
+    with pytest.raises(SemSpecConfigError, match=r"option 'top_k'.*\['assistant_ensemble_weight'\]"):
+        hf_semspec.compare(attached, close_draft, [[5, 6, 7]], rules=["transformers@top_k=4"], progress=False)
+    with pytest.raises(SemSpecConfigError, match=r"option 'assistant_ensemble_weight'` = 1.*a float in \(0, 1\)"):
+        hf_semspec.compare(attached, close_draft, [[5, 6, 7]], rules=["transformers@assistant_ensemble_weight=1"],
+                           progress=False)
+    with pytest.raises(SemSpecConfigError, match=r"`draft_length` = 'heuristic'.*unset with a 'transformers'"):
+        hf_semspec.compare(attached, close_draft, [[5, 6, 7]], rules=["transformers"], progress=False,
+                           draft_length="heuristic", max_new_tokens=4)

@@ -27,9 +27,22 @@ REPEATING = torch.tensor([[5, 9, 14, 22, 5, 9, 14, 22, 5, 9]])
 NEW_TOKENS = 40
 
 
+def _takes_lookup_drafts(name: str) -> bool:
+    try:
+        RULES.build(name, {}).check_assistant_model(None)
+    except SemSpecConfigError:
+        return False
+    return True
+
+
 def lookup_rules() -> list[str]:
-    """The rules that verify drafts made without a draft model (all but those that redistribute a drafter's q)."""
-    return [name for name in hf_semspec.available_rules() if not RULES.get(name).redistributes_draft]
+    """The rules that verify drafts made without a draft model: all but those that say they need one (`rdk`
+    redistributes a drafter's q; `ensemble` mixes the draft's q into p, and prompt lookup's q is one-hot)."""
+    return [name for name in hf_semspec.available_rules() if _takes_lookup_drafts(name)]
+
+
+def test_the_rules_that_need_a_draft_model_are_the_expected_ones():
+    assert sorted(set(hf_semspec.available_rules()) - set(lookup_rules())) == ["ensemble", "rdk"]
 
 
 # -- the lookup ---------------------------------------------------------------------------------------------------

@@ -676,6 +676,12 @@ def compare(
         raise invalid_value("draft", None, "a draft model, or None together with prompt_lookup_num_tokens "
                             "(prompt-lookup drafts, no draft model)",
                             "pass the draft model, or prompt_lookup_num_tokens=<k> (e.g. 6)")
+    if generate_kwargs.get("assistant_ensemble_weight") is not None:
+        # With the reference it would make `exact` the `ensemble` rule (as in transformers), and refuse every other.
+        raise invalid_value("assistant_ensemble_weight", generate_kwargs["assistant_ensemble_weight"],
+                            "None in generate_kwargs (it would turn the `exact` reference into `ensemble`)",
+                            f"compare it as a configuration: rules=['ensemble@weight=w'] (hf_semspec's loop) or "
+                            f"['{STOCK}@assistant_ensemble_weight=w'] (stock transformers)")
     if generate_kwargs.get("num_return_sequences", 1) != 1:
         raise invalid_value("num_return_sequences", generate_kwargs["num_return_sequences"], "1",
                             "drop it: compare() decodes one output per prompt")

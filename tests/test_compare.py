@@ -475,3 +475,7 @@ def test_stock_configuration_is_checked(attached, close_draft):
     with pytest.raises(SemSpecConfigError, match=r"`draft_length` = 'heuristic'.*unset with a 'transformers'"):
         hf_semspec.compare(attached, close_draft, [[5, 6, 7]], rules=["transformers"], progress=False,
                            draft_length="heuristic", max_new_tokens=4)
+    with pytest.raises(SemSpecConfigError, match=r"`assistant_ensemble_weight` = 0.3 .*turn the `exact` reference "
+                                                 r"into `ensemble`.*Fix: compare it as a configuration"):
+        hf_semspec.compare(attached, close_draft, [[5, 6, 7]], rules=["fly"], progress=False,
+                           assistant_ensemble_weight=0.3)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import prompt
+from test_exact_rule import simulated_rounds
 
 import hf_semspec
 from hf_semspec.errors import SemSpecConfigError
@@ -207,19 +208,8 @@ def test_emitted_tokens_follow_the_derived_distribution():
     pi = emitted_distribution(p[:gamma], q, beta)
     tv = (pi - p[:gamma]).abs().sum(-1) / 2
     assert (tv > 0.03).all(), "the distortion must be large enough for the test to have power"
-    generator = torch.Generator().manual_seed(99)
-    draft_ids = torch.multinomial(q, rounds, replacement=True, generator=generator).T  # (rounds, γ), row i ~ q_i
-    inputs = VerificationInput(
-        draft_token_ids=draft_ids,
-        target_logits=p.log()[None].expand(rounds, -1, -1),
-        draft_probs=q[None].expand(rounds, -1, -1),
-        do_sample=True,
-    )
-    torch.manual_seed(2024)  # the rule's draws: torch's global RNG (not 99: that stream drew the drafts)
-    result = ears(beta).verify(inputs)
+    result, emitted = simulated_rounds(ears(beta), p, q, rounds)
     n = result.num_accepted
-    emitted = torch.cat([draft_ids, torch.zeros(rounds, 1, dtype=torch.long)], 1)
-    emitted[torch.arange(rounds), n] = result.next_token
 
     first = torch.bincount(emitted[:, 0], minlength=vocab)
     assert chi_square_p_value(first, pi[0]) > 1e-3

@@ -10,6 +10,7 @@ import pytest
 import torch
 from conftest import perturbed_copy, prompt, tiny_llama
 from test_ears_rule import chi_square_p_value
+from test_exact_rule import simulated_rounds
 from test_static_cache import counted_compiled, cpu_compile_config, fresh_compiler  # noqa: F401 (a fixture)
 from transformers import GenerationConfig
 
@@ -101,19 +102,8 @@ def test_sampled_tokens_follow_the_rule_s_distribution():
     p = torch.softmax(torch.randn(gamma + 1, vocab) * 1.5, -1)
     q = torch.softmax(torch.randn(gamma, vocab) * 1.5, -1)
     pi = emitted_distribution(p[:gamma], q, weight)
-    generator = torch.Generator().manual_seed(99)
-    draft_ids = torch.multinomial(q, rounds, replacement=True, generator=generator).T  # (rounds, γ), row i ~ q_i
-    inputs = VerificationInput(
-        draft_token_ids=draft_ids,
-        target_logits=p.log()[None].expand(rounds, -1, -1),
-        draft_probs=q[None].expand(rounds, -1, -1),
-        do_sample=True,
-    )
-    torch.manual_seed(2024)
-    result = ensemble(weight).verify(inputs)
+    result, emitted = simulated_rounds(ensemble(weight), p, q, rounds)
     n = result.num_accepted
-    emitted = torch.cat([draft_ids, torch.zeros(rounds, 1, dtype=torch.long)], 1)
-    emitted[torch.arange(rounds), n] = result.next_token
 
     first = torch.bincount(emitted[:, 0], minlength=vocab)
     assert chi_square_p_value(first, pi[0]) > 1e-3

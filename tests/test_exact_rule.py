@@ -52,14 +52,10 @@ def chi_square_p_value(counts: torch.Tensor, probs: torch.Tensor) -> float:
     return torch.special.gammaincc(dof / 2, statistic / 2).item()
 
 
-def test_rejection_sampling_is_lossless():
-    """Target with position-wise independent distributions p_0..p_γ (logits fixed per position), draft q_i ≠ p_i.
-    Over 200k vectorized rounds: the first emitted token ~ p_0, and, in rounds that accepted position 0, the second
-    emitted token ~ p_1 (the draw at position 1 is independent of what happened at position 0)."""
-    torch.manual_seed(1234)
-    vocab, gamma, rounds = 6, 3, 200_000
-    p = torch.softmax(torch.randn(gamma + 1, vocab) * 1.5, -1)
-    q = torch.softmax(torch.randn(gamma, vocab) * 1.5, -1)
+def simulated_rounds(rule, p: torch.Tensor, q: torch.Tensor, rounds: int):
+    """`rounds` sampled rounds at once with position-wise fixed target rows p_0..p_γ `(γ + 1, vocab)` and draft rows
+    q_0..q_{γ−1} `(γ, vocab)`, drafts drawn from q: the rule's `VerificationResult` and the emitted tokens
+    `(rounds, γ + 1)` (each round's accepted prefix, then the rule's token; zeros after)."""
     generator = torch.Generator().manual_seed(99)
     draft_ids = torch.multinomial(q, rounds, replacement=True, generator=generator).T  # (rounds, γ), row i ~ q_i
     inputs = VerificationInput(
@@ -69,10 +65,22 @@ def test_rejection_sampling_is_lossless():
         do_sample=True,
     )
     torch.manual_seed(2024)  # the rule's draws: torch's global RNG (not 99: that stream drew the drafts)
-    result = ExactRule().verify(inputs)
-    n = result.num_accepted
+    result = rule.verify(inputs)
     emitted = torch.cat([draft_ids, torch.zeros(rounds, 1, dtype=torch.long)], 1)
-    emitted[torch.arange(rounds), n] = result.next_token  # accepted prefix, then the rule's token
+    emitted[torch.arange(rounds), result.num_accepted] = result.next_token
+    return result, emitted
+
+
+def test_rejection_sampling_is_lossless():
+    """Target with position-wise independent distributions p_0..p_γ (logits fixed per position), draft q_i ≠ p_i.
+    Over 200k vectorized rounds: the first emitted token ~ p_0, and, in rounds that accepted position 0, the second
+    emitted token ~ p_1 (the draw at position 1 is independent of what happened at position 0)."""
+    torch.manual_seed(1234)
+    vocab, gamma, rounds = 6, 3, 200_000
+    p = torch.softmax(torch.randn(gamma + 1, vocab) * 1.5, -1)
+    q = torch.softmax(torch.randn(gamma, vocab) * 1.5, -1)
+    result, emitted = simulated_rounds(ExactRule(), p, q, rounds)
+    n = result.num_accepted
 
     first = torch.bincount(emitted[:, 0], minlength=vocab)
     assert chi_square_p_value(first, p[0]) > 1e-3

@@ -1,8 +1,8 @@
 """`dropmatch`'s criteria along `exact`'s greedy text: how many of the draft's mismatches each one accepts, and how
 many of those change a number.
 
-    python -m benchmarks.dropmatch_criteria benchmarks/results/dropmatch-criteria-gsm8k-10.json \\
-        --output benchmarks/results/dropmatch-criteria-along-exact
+    python -m benchmarks.dropmatch_criteria benchmarks/results/dropmatch/dropmatch-criteria-gsm8k-10.json \\
+        --output benchmarks/results/dropmatch/dropmatch-criteria-along-exact
 
 A live run gives accuracy, but on a few problems and with texts that diverge after the first accepted mismatch. This
 reads the outputs of a run's `exact` method (plain greedy decoding's text) and teacher-forces the target (its logits

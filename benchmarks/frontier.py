@@ -58,7 +58,9 @@ Spec-Bench prompt (longer answers); `--dry-run` prints a slice's expected minute
 What ran (results/README.md): G1 and G2 (G1 in two slices, 0-3 and 3-10, the second without θ 1.0 W 6, equal to
 θ 1.0 W 4 on 0-2); `dropmatch@min_votes=1` was the one point dominated. The defaults were chosen from them, then the
 sampled slice on 0-9 with `CHOSEN` and Spec-Bench quick 0-4 with `--configs fly`. GSM8K 10-29, Spec-Bench's other
-half and the sampled 10-19 did not fit the CPU time.
+half and the sampled 10-19 did not fit the CPU time. Issue 67, on the AVX-512 BF16 CPU (2 threads; slices record
+their ISA and threads, and `merge` refuses to pool another's): `--grid ensemble --configs
+transformers@assistant_ensemble_weight=0.5,fly` on GSM8K 0-4 (38 min); 5-9 and Spec-Bench quick not run.
 
 After G1 and G2, with k of the 12 points left: a GSM8K slice of n problems takes (k + 1) × n × 75 s, a Spec-Bench
 one (k + 1) × n × 100 s, n the most under 90 minutes; in all 295 min + (k + 1) × 42 min of CPU time.

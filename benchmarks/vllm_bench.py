@@ -99,6 +99,9 @@ def _machine(threads: int) -> dict:
 
 
 def run_vllm(args) -> dict:
+    # vLLM's CPU worker binds its OpenMP threads itself (one per core by default): bind `--threads` cores.
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB of KV cache (else a share of all memory: 24 GiB here)
     import torch
     from transformers import AutoTokenizer
     from vllm import LLM, SamplingParams, TokensPrompt

@@ -1,5 +1,6 @@
 """The one module that touches vLLM's private API (vllm/v1/sample/rejection_sampler.py), for the plugin
-(`hf_semspec.vllm_plugin`). Pinned to the vLLM versions below; tests/with_vllm/test_vllm_compat.py checks what it touches:
+(`hf_semspec.vllm_plugin`). Pinned to the vLLM versions below; tests/with_vllm/test_vllm_compat.py checks what it
+touches:
 the signatures of `RejectionSampler.__init__` and `rejection_sample`, the placeholder id, and the sampling metadata's
 flags.
 

@@ -649,8 +649,8 @@ class _Loop:
             lm_head=model.get_output_embeddings() if capture_hidden else None,
             do_sample=do_sample,
             forward_kwargs=forward_kwargs,
-            records=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options()), [], [])
-                     for _ in range(batch_size)],
+            records=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options()),
+                                [], []) for _ in range(batch_size)],
             keep_scores=bool(return_dict and generation_config.output_scores),
             keep_logits=bool(return_dict and generation_config.output_logits),
             # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)

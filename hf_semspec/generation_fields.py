@@ -140,7 +140,8 @@ GENERATION_FIELDS: dict[str, FieldUse] = {
         allowed=(False,),
     ),
     "speculation_type": _refused(
-        f"None with an acceptance rule (speculation_type='dflash' drafts a block with a DFlash drafter: {_OTHER_DRAFTS})",
+        "None with an acceptance rule (speculation_type='dflash' drafts a block with a DFlash drafter: "
+        f"{_OTHER_DRAFTS})",
         "remove speculation_type, or drop acceptance for transformers' DFlash speculation", "dflash",
     ),
     "is_assistant": FieldUse(IRRELEVANT, "set by transformers on the copy of the config its own drafting uses"),
@@ -248,4 +249,5 @@ def refused_value(generation_config, checked: str = IN_LOOP) -> tuple[str, Any, 
     return None
 
 
-__all__ = ["GENERATION_FIELDS", "FieldUse", "KINDS", "allowed_text", "is_neutral", "refused_value", "unclassified_fields"]
+__all__ = ["GENERATION_FIELDS", "FieldUse", "KINDS", "allowed_text", "is_neutral", "refused_value",
+           "unclassified_fields"]

@@ -25,7 +25,7 @@ below, 47%). A rejected position emits the target's own token, as in standard sp
 
 Which criterion, measured (reference pair: Qwen2.5-Coder 1.5B fp32 target / 0.5B bf16 draft, CPU, GSM8K problems
 0-9 of the test set, 256 new tokens, chat template, greedy, γ = 5, methods interleaved per problem in one run,
-`benchmarks/results/dropmatch-criteria-gsm8k-10.md`; `exact`'s text is plain greedy decoding's):
+`benchmarks/results/dropmatch/dropmatch-criteria-gsm8k-10.md`; `exact`'s text is plain greedy decoding's):
 
 | criterion | τ | tok/s | speed-up vs exact (geomean / median) | correct (flips) | mismatches kept | a digit changed |
 | --- | --- | --- | --- | --- | --- | --- |
@@ -36,7 +36,8 @@ Which criterion, measured (reference pair: Qwen2.5-Coder 1.5B fp32 target / 0.5B
 | js | | | | | 0.469 (91) | 0 |
 
 The default needs two of the five paths: it keeps half as many of the draft's mismatches as any-vote (0.29 against
-0.54 along `exact`'s text, `benchmarks/dropmatch_criteria.py`, `benchmarks/results/dropmatch-criteria-along-exact.md`),
+0.54 along `exact`'s text, `benchmarks/dropmatch_criteria.py`,
+`benchmarks/results/dropmatch/dropmatch-criteria-along-exact.md`),
 none of them changing a number, and lost no answer `exact` got; min_votes = 1 is faster (τ 5.50) but changed a
 digit once in 2,516 tokens. Read the accuracy column with care: at 256 tokens 9 of `exact`'s 10 answers were cut
 before their final number (a fidelity run needs a longer budget, see `benchmarks/fidelity.py`), and the machine was

@@ -66,7 +66,8 @@ def ours(saved_pair, name: str, options: dict, tokens: int = NEW_TOKENS) -> list
         for p in prompts():
             first = type(target).generate(target, torch.tensor([p]), max_new_tokens=1, do_sample=False)
             out = target.generate(first, assistant_model=draft, acceptance=name, acceptance_kwargs=options,
-                                  num_assistant_tokens=GAMMA, max_new_tokens=tokens + GAMMA, min_new_tokens=tokens + GAMMA,
+                                  num_assistant_tokens=GAMMA, max_new_tokens=tokens + GAMMA,
+                                  min_new_tokens=tokens + GAMMA,
                                   do_sample=False)
             outputs.append(out[0, len(p): len(p) + tokens].tolist())
     finally:

@@ -101,6 +101,7 @@ def _machine(threads: int) -> dict:
 def run_vllm(args) -> dict:
     # vLLM's CPU worker binds its OpenMP threads itself (one per core by default): bind `--threads` cores.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
+    os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the plugin verifies in the V1 runner (docs/vllm.md)
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "4")  # GiB of KV cache (else a share of all memory: 24 GiB here)
     import torch
     from transformers import AutoTokenizer

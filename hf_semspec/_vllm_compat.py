@@ -83,6 +83,41 @@ def install(rule_for_engine: Callable, verify_flat: Callable) -> None:
     _sampler.RejectionSampler.__init__ = __init__
     _sampler.rejection_sample = rejection_sample
     _sampler._hf_semspec_installed = True
+    _refuse_in_model_runner_v2(rule_for_engine)
+
+
+def _refuse_in_model_runner_v2(rule_for_engine: Callable) -> None:
+    """vLLM's Model Runner V2 (its default where Triton runs: GPUs) verifies with a rejection sampler of its own,
+    which the hooks above do not reach: an engine there that names a rule fails at start with the fix, rather than
+    verifying with vLLM's own rule without a word."""
+    try:
+        from vllm.v1.worker.gpu.spec_decode import rejection_sampler as sampler_v2
+    except ImportError:  # a vLLM build without it: nothing to refuse
+        return
+    v2_init = sampler_v2.RejectionSampler.__init__
+
+    def __init__(self, sampler, spec_config, device, **kwargs):
+        v2_init(self, sampler, spec_config, device, **kwargs)
+        from vllm.config import get_current_vllm_config
+
+        check_model_runner_v2(rule_for_engine, get_current_vllm_config(), spec_config)
+
+    sampler_v2.RejectionSampler.__init__ = __init__
+
+
+def check_model_runner_v2(rule_for_engine: Callable, config, spec_config) -> None:
+    """Raises where an engine on Model Runner V2 names a rule (`_refuse_in_model_runner_v2`)."""
+    rule = rule_for_engine(config.additional_config, getattr(spec_config, "method", None),
+                           getattr(spec_config, "rejection_sample_method", "standard"))
+    if rule is not None:
+        from .errors import invalid_value
+
+        raise invalid_value(
+            "VLLM_USE_V2_MODEL_RUNNER", "unset or 1 (vLLM's Model Runner V2, its default where Triton runs)",
+            f"0 with acceptance={rule.name!r}: hf_semspec's plugin verifies in the V1 model runner's rejection "
+            "sampler",
+            "set VLLM_USE_V2_MODEL_RUNNER=0 in the environment of `vllm serve` or of the process that builds LLM(...)",
+        )
 
 
 def active_rule():

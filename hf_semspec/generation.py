@@ -831,9 +831,11 @@ def generate(
                 f"pass assistant_model=<draft model>, or acceptance={rule_name!r} with the call (for prompt-lookup "
                 f"drafts verified by the rule), or drop {field}",
             )
-    rule_name, rule_kwargs, ensemble_weight = _with_ensemble_weight(
-        rule_name, rule_kwargs, kwargs, generation_config, model
-    )
+    ensemble_weight = None
+    if rule_name is not None and not (assistant_model is None and source == "model"):  # (else: stock decoding)
+        rule_name, rule_kwargs, ensemble_weight = _with_ensemble_weight(
+            rule_name, rule_kwargs, kwargs, generation_config, model
+        )
     if rule_name is None or (assistant_model is None and source == "model"):
         with _handing_to_transformers():
             return stock_generate(

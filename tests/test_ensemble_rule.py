@@ -263,3 +263,13 @@ def test_compiled_verification_decodes_as_the_eager_path(monkeypatch, fresh_comp
     eager = target.generate(ids, **common)
     assert torch.equal(compiled.sequences, eager.sequences)
     assert made and made[0].calls == compiled.acceptance_stats.drafted_per_round.count(4) > 0
+
+
+def test_a_model_default_rule_without_a_draft_leaves_the_weight_to_transformers(models, monkeypatch):
+    """The model's default rule decodes only with a draft: without one this is stock decoding, and a weight in the
+    model's config is transformers' business (no refusal for a rule that does not run)."""
+    target, _, _ = models
+    monkeypatch.setattr(target.generation_config, "acceptance", "fly", raising=False)
+    monkeypatch.setattr(target.generation_config, "assistant_ensemble_weight", 0.3, raising=False)
+    out = target.generate(prompt(8), max_new_tokens=6, do_sample=False)
+    assert torch.equal(out, type(target).generate(target, prompt(8), max_new_tokens=6, do_sample=False))

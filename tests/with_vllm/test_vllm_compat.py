@@ -45,3 +45,23 @@ def test_the_placeholder_is_the_plugin_s():
     from hf_semspec.vllm_plugin import PLACEHOLDER_TOKEN_ID
 
     assert PLACEHOLDER_TOKEN_ID == rejection_sampler.PLACEHOLDER_TOKEN_ID
+
+
+def test_an_engine_on_model_runner_v2_that_names_a_rule_fails_with_the_fix():
+    """Model Runner V2 (GPUs with Triton) has a rejection sampler the hooks do not reach: refused, never ignored."""
+    from types import SimpleNamespace
+
+    from hf_semspec.errors import SemSpecConfigError
+    from hf_semspec.vllm_plugin import rule_for_engine
+    from vllm.v1.worker.gpu.spec_decode import rejection_sampler as sampler_v2
+
+    _vllm_compat.install(rule_for_engine, lambda *a: None)
+    assert any(getattr(cell.cell_contents, "__name__", "") == "__init__"
+               for cell in sampler_v2.RejectionSampler.__init__.__closure__)  # wrapped
+    spec = SimpleNamespace(method="draft_model", rejection_sample_method="standard")
+    with pytest.raises(SemSpecConfigError, match=r"`VLLM_USE_V2_MODEL_RUNNER`.*Fix: set VLLM_USE_V2_MODEL_RUNNER=0"):
+        _vllm_compat.check_model_runner_v2(rule_for_engine,
+                                           SimpleNamespace(additional_config={"hf_semspec": {"acceptance": "fly"}}),
+                                           spec)
+    for additional_config in ({}, {"hf_semspec": {"acceptance": "exact"}}):  # vLLM's own verification: fine there
+        _vllm_compat.check_model_runner_v2(rule_for_engine, SimpleNamespace(additional_config=additional_config), spec)

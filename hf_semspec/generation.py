@@ -746,7 +746,8 @@ def generate(
         tokenizer (`PreTrainedTokenizerBase`, *optional*, in kwargs): the target's tokenizer, as transformers takes
             it: needed for `stop_strings`, and to pair models whose vocabulary sizes differ by padding.
         acceptance (`str`, *optional*): the verification rule, one of `hf_semspec.available_rules()`, e.g.
-            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`, `"rdk"` (pruned-vocabulary drafters). An
+            `"exact"` (lossless), `"fly"`, `"ears"`, `"dropmatch"`, `"ensemble"` (transformers'
+            `assistant_ensemble_weight`, which with `"exact"` selects it), `"rdk"` (pruned-vocabulary drafters). An
             explicit `None` turns a default rule (of a passed or the model's generation config) off for this call:
             stock `generate()`, as an explicit `None` overrides a generation config in transformers.
         acceptance_kwargs (`dict`, *optional*): options of the rule (its config dataclass), validated before

@@ -31,7 +31,7 @@ from hf_semspec.stats import AcceptanceStats
 PER_ROUND_FIELDS = ("drafted_per_round", "accepted_per_round")
 # Fields of `AcceptanceStats` that files written before them lack (they then take their defaults).
 OPTIONAL_FIELDS = PER_ROUND_FIELDS + ("num_row_forwards", "num_draft_forwards", "num_ngram_hits", "num_ngram_drafts",
-                                      "acceptance", "acceptance_kwargs")
+                                      "acceptance", "acceptance_kwargs", "drafting", "drafting_reason")
 
 # ---------------------------------------------------------------------------------------------------------------------
 # Tokens and forwards

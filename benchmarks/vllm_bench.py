@@ -49,6 +49,7 @@ VLLM_METHODS = {
     "draft+fly": ("draft", {"acceptance": "fly"}),
     "draft+ears": ("draft", {"acceptance": "ears"}),
     "ngram+fly": ("ngram", {"acceptance": "fly"}),
+    "ngram": ("ngram", None),  # vLLM's own n-gram drafting and verification (benchmarks/cpu_engine.py)
 }
 GAMMAS = {"exact": 5, "fly": 15, "ears": 5}
 NGRAM_GAMMA = 6
@@ -98,7 +99,8 @@ def _machine(threads: int) -> dict:
     return info
 
 
-def run_vllm(args) -> dict:
+def run_vllm(args, prompts: list[data.Prompt] | None = None) -> dict:
+    """Every method of `args.methods` over `prompts` (default: `--gsm8k-problems`), one engine after another."""
     # vLLM's CPU worker binds its OpenMP threads itself (one per core by default): bind `--threads` cores.
     os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "0" if args.threads == 1 else f"0-{args.threads - 1}")
     os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")  # the plugin verifies in the V1 runner (docs/vllm.md)
@@ -110,7 +112,7 @@ def run_vllm(args) -> dict:
     torch.set_num_threads(args.threads)
     target, draft = _folders()
     tokenizer = AutoTokenizer.from_pretrained(target)
-    prompts = _prompts(args)
+    prompts = _prompts(args) if prompts is None else prompts
     encoded = _encoded(prompts, tokenizer)
     eos = _eos_ids(target)
     params = SamplingParams(temperature=0, max_tokens=args.max_new_tokens)
@@ -252,6 +254,13 @@ def _rate(rows: list[dict]) -> float:
     return sum(len(r["new_token_ids"]) for r in rows) / sum(r["seconds"] for r in rows)
 
 
+def write_report(text: str, output: Path | None) -> None:
+    """Prints a report and writes it to `output` where given (`report` subcommands)."""
+    if output:
+        output.write_text(text)
+    print(text)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(prog="python benchmarks/vllm_bench.py", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -273,10 +282,7 @@ def main(argv=None) -> None:
     reported.add_argument("--output", type=Path)
     args = parser.parse_args(argv)
     if args.command == "report":
-        text = report(args.runs)
-        if args.output:
-            args.output.write_text(text)
-        print(text)
+        write_report(report(args.runs), args.output)
         return
     if args.command == "vllm":
         unknown = [m for m in args.methods if m not in VLLM_METHODS]

@@ -14,8 +14,9 @@ from ._versions import check_versions
 check_versions()  # before anything imports torch or transformers: outside the supported ranges, say so first
 
 from .compare import ComparisonReport, compare  # noqa: E402
-from .decoding import SpeculativeDecoderOnlyOutput, speculative_decode  # noqa: E402
+from .decoding import SpeculativeDecoderOnlyOutput, cpu_compile_config, speculative_decode  # noqa: E402
 from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy  # noqa: E402
+from .drafting_choice import forget_drafting_costs  # noqa: E402
 from .enabling import disable, enable, install_guard, is_enabled  # noqa: E402
 from .errors import SemSpecConfigError  # noqa: E402
 from .generation import (  # noqa: E402
@@ -45,10 +46,12 @@ __all__ = [
     "available_draft_length_policies",
     "available_rules",
     "compare",
+    "cpu_compile_config",
     "detach",
     "disable",
     "enable",
     "forget_draft_length_state",
+    "forget_drafting_costs",
     "generate",
     "is_enabled",
     "register_policy",

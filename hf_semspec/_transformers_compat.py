@@ -16,7 +16,8 @@ installs and by `hf_semspec.enable()` (hf_semspec/enabling.py), each of which fo
 
 The static-cache path adds: `GenerationMixin._valid_auto_compile_criteria` (transformers' own rule for when
 `generate()` compiles the forward: `compile_config`, `disable_compile`, the device, quantizers and offloading), which
-`compiles_forward` asks; a static layer's `cumulative_length` (the next write position, a tensor), which
+`compiles_forward` asks, and `CompileConfig._compile_all_devices`, its switch for compiling off a GPU, which
+`compiling_off_gpus` sets for `hf_semspec.cpu_compile_config`; a static layer's `cumulative_length` (the next write position, a tensor), which
 `rewind_cache` moves back on transformers before 5.24, whose `StaticLayer` has no `crop` yet (5.24 added it, doing
 the same); and `GenerationConfig._pad_token_tensor` (the pad id `generate()` settled on, EOS where none was set),
 which batched outputs are padded with.
@@ -27,7 +28,7 @@ from __future__ import annotations
 import torch
 import transformers
 from packaging.version import Version
-from transformers import DynamicCache, GenerationConfig, GenerationMixin
+from transformers import CompileConfig, DynamicCache, GenerationConfig, GenerationMixin
 from transformers.cache_utils import Cache, StaticLayer
 
 # transformers 5.24 renamed the cache from `past_key_values` to `cache` everywhere the loop meets it: the keyword of
@@ -138,6 +139,14 @@ def compiles_forward(model, cache: Cache, generation_config: GenerationConfig) -
     if not hasattr(backbone, "device"):
         return False
     return bool(GenerationMixin._valid_auto_compile_criteria(backbone, {CACHE_ARGUMENT: cache}, generation_config))
+
+
+def compiling_off_gpus(config: CompileConfig) -> CompileConfig:
+    """`config`, marked to compile on any device: transformers' `generate()` compiles the forward on GPU-like devices
+    only, unless `CompileConfig._compile_all_devices` (private, the switch its own tests use) is set; kept through
+    `to_dict()` by no one, so it is set on the object."""
+    config._compile_all_devices = True
+    return config
 
 
 def rewind_cache(cache: Cache, num_tokens: int) -> None:

@@ -44,6 +44,7 @@ from transformers.generation import (
 from ._transformers_compat import (
     CACHE_ARGUMENT,
     compiles_forward,
+    compiling_off_gpus,
     pad_token_id,
     passed_mask_length,
     stop_past_recording,
@@ -55,6 +56,7 @@ from .drafting import DraftBlock, ModelDrafter, greedy_steps
 from .errors import invalid_value
 from .generation_fields import allowed_text, refused_value
 from .model_calls import CachedModel, capture_lm_head_input
+from .drafting_choice import AUTO, DEFAULT_LOOKUP, DRAFT, LOOKUP, MULTI_LEVEL, AutoDrafter, check_drafting, costs_for
 from .ngram import NgramDrafter, PromptLookup, RowContexts, check_prompt_lookup
 from .processors import BatchProcessors
 from .rules.base import AcceptanceRule, VerificationInput, VerificationResult
@@ -193,6 +195,31 @@ def _step_outputs(per_row: list[list[torch.Tensor]]) -> tuple[torch.FloatTensor,
     return tuple(
         torch.stack([row[i] if i < len(row) else torch.zeros_like(template) for row in per_row]) for i in range(steps)
     )
+
+
+def cpu_compile_config(**options) -> CompileConfig:
+    """A `CompileConfig` under which `generate()` compiles on a CPU: transformers compiles the forward on static
+    caches on GPU-like devices only, unless told otherwise (`_transformers_compat.compiling_off_gpus`). Pass it as
+    `generate(..., cache_implementation="static", compile_config=hf_semspec.cpu_compile_config())`: it compiles plain
+    decoding (transformers' own loop) and every speculative path as on a GPU (docs/gpu.md).
+
+    Args:
+        options: `CompileConfig` fields; defaults: inductor (`backend="inductor"`) with no `mode` (a CPU has no
+            CUDA graphs, which transformers' default mode, `"reduce-overhead"`, asks for; torch takes a mode or
+            inductor `options`, not both), `fullgraph=True` (a graph
+            break would hand the step back to Python per layer), `dynamic=False` (one graph per shape: a static
+            cache keeps its shape; pass `max_cache_len` to `generate()` to keep one cache, and its graphs, across
+            prompts of different lengths) and inductor's `freezing` (`options={"freezing": True}`): the weights are
+            folded into the graph as constants and pre-packed for oneDNN's matrix products, which is where a CPU
+            decode step spends its time (the 1.5B target's bf16 step on one AVX-512 BF16 core: 435 ms eager, 408 ms
+            compiled, 254 ms frozen; docs/cpu.md). Frozen weights are copies: the model's own weights changed after
+            the first call are not seen (compile again: `torch._dynamo.reset()`), and the model takes their memory
+            twice. A `mode` given drops the freezing default (pass `options` instead).
+    """
+    defaults = {"backend": "inductor", "mode": None, "fullgraph": True, "dynamic": False}
+    if options.get("mode") is None:  # (a mode given replaces inductor's options: torch takes one of the two)
+        defaults["options"] = {"freezing": True}
+    return compiling_off_gpus(CompileConfig(**{**defaults, **options}))
 
 
 def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
@@ -388,6 +415,7 @@ def speculative_decode(
     draft_length: DraftLengthPolicy,
     streamer=None,
     prompt_lookup: PromptLookup | None = None,
+    drafting: str | None = None,
     **model_kwargs,
 ) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
     """Speculative decoding of `model` (the target) with `assistant_model` (the draft), or with prompt-lookup drafts
@@ -406,6 +434,10 @@ def speculative_decode(
             (it hands transformers `prompt_lookup_num_tokens=None`, which would otherwise select transformers' own
             assisted generation); without it, and without `assistant_model`, they are read from `generation_config`
             (`prompt_lookup_num_tokens`, `max_matching_ngram_size`).
+        drafting (`str`, *optional*): `"auto"`: with `assistant_model`, the cheapest of the draft alone, multi-level
+            drafting and (with a lossless rule) prompt lookup alone, chosen from measured costs in the first rounds
+            (`hf_semspec.drafting_choice`), with `prompt_lookup`'s k and n, else `drafting_choice.DEFAULT_LOOKUP`'s.
+            None: the drafting `assistant_model` and `prompt_lookup` select.
         model_kwargs: the target's cache (`cache`, or `past_key_values` before transformers 5.24), `attention_mask`,
             and non-tensor forward options.
 
@@ -415,7 +447,7 @@ def speculative_decode(
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
     loop = _Loop.set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
-                        rule, draft_length, streamer, model_kwargs, prompt_lookup)
+                        rule, draft_length, streamer, model_kwargs, prompt_lookup, drafting)
     batch, target, drafter = loop.batch, loop.target, loop.drafter
     first_round = True  # its forwards also prefill the prompt
 
@@ -503,6 +535,10 @@ def speculative_decode(
 
     if streamer is not None:
         streamer.end()
+    if isinstance(drafter, AutoDrafter):
+        reason = drafter.explained()
+        for row, record in enumerate(loop.records):
+            record.stats.drafting, record.stats.drafting_reason = drafter.drafting_of(row), reason
     return loop.outputs(generation_config)
 
 
@@ -526,7 +562,7 @@ class _Loop:
 
     batch: DecodingBatch
     target: CachedModel
-    drafter: ModelDrafter | NgramDrafter
+    drafter: ModelDrafter | NgramDrafter | AutoDrafter
     processors: BatchProcessors
     target_cache: Any
     static: bool
@@ -548,11 +584,21 @@ class _Loop:
     @classmethod
     def set_up(cls, model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
                rule: AcceptanceRule, draft_length: DraftLengthPolicy, streamer, model_kwargs: dict,
-               prompt_lookup: PromptLookup | None = None) -> "_Loop":
+               prompt_lookup: PromptLookup | None = None, drafting: str | None = None) -> "_Loop":
         """Checks what the loop cannot run, then builds the caches (static ones for `cache_implementation="static"`),
-        the batch, the models' cached forwards and the drafter: the draft model's, or prompt lookup's without one."""
+        the batch, the models' cached forwards and the drafter: the draft model's, prompt lookup's without one, or
+        with `drafting="auto"` the two and the choice between them (`AutoDrafter`)."""
         check_generation_config(generation_config, input_ids, rule)
+        auto = check_drafting(drafting) == AUTO
+        if auto and assistant_model is None:
+            raise invalid_value(
+                "drafting", drafting, "None without assistant_model ('auto' chooses how a draft model drafts: alone, "
+                "multi-level with prompt lookup, or replaced by prompt lookup)",
+                "pass assistant_model=<draft model>, or drop drafting (prompt lookup alone then drafts)",
+            )
         prompt_lookup = _prompt_lookup(generation_config, assistant_model, prompt_lookup)
+        if auto and prompt_lookup is None:
+            prompt_lookup = DEFAULT_LOOKUP
         if prompt_lookup is not None and assistant_model is None:
             rule.check_assistant_model(None)  # a rule that needs a draft model's distribution (rdk) says so
         batch_size = input_ids.shape[0]
@@ -596,11 +642,17 @@ class _Loop:
         target.cached = cached
         vocab_size = model.config.get_text_config().vocab_size
         return_probs = do_sample or rule.requires_draft_probs
-        if prompt_lookup is not None and assistant_model is None:
-            drafter = NgramDrafter(
+        # Prompt lookup alone: without a draft model, or as one of "auto"'s ways where the rule verifies lookup's
+        # drafts as it verifies the draft model's (lossless: the same text; a lossy rule accepts other drafts).
+        lookup_drafter = None
+        if prompt_lookup is not None and (assistant_model is None or (
+                auto and rule.lossless and not rule.redistributes_draft)):
+            lookup_drafter = NgramDrafter(
                 input_ids, attention_mask, prompt_lookup, return_probs=return_probs, vocab_size=vocab_size,
                 output_device=input_ids.device, stop_token_ids=frozenset(eos_ids), fixed_length=static,
             )
+        if assistant_model is None:
+            drafter, drafting = lookup_drafter, LOOKUP
         else:
             drafter = ModelDrafter(
                 assistant_model,
@@ -620,6 +672,12 @@ class _Loop:
                 compiled_round=None if compiled_draft is None else compiled_round(generation_config.compile_config),
                 round_width=compiled_gamma,
             )
+            drafting = MULTI_LEVEL if prompt_lookup is not None else DRAFT
+            if auto:
+                costs = costs_for(model, assistant_model, prompt_lookup, static, compiled=compiled_draft is not None,
+                                  batch_size=batch_size, gamma=typical_length)
+                drafter = AutoDrafter(drafter, lookup_drafter, costs, input_ids.device)
+                drafting = None  # (what it chooses, once it has)
         if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
             caches = [("model", target_cache)]
             if assistant_model is not None:
@@ -649,8 +707,8 @@ class _Loop:
             lm_head=model.get_output_embeddings() if capture_hidden else None,
             do_sample=do_sample,
             forward_kwargs=forward_kwargs,
-            records=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options()),
-                                [], []) for _ in range(batch_size)],
+            records=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options(),
+                                                drafting=drafting), [], []) for _ in range(batch_size)],
             keep_scores=bool(return_dict and generation_config.output_scores),
             keep_logits=bool(return_dict and generation_config.output_logits),
             # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)

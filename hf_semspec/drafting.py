@@ -39,6 +39,7 @@ class DraftBlock:
             drafts each row found, at most γ; the rest of its row is padding, which the loop never lets the rule accept
             (`VerificationInput.draft_limits`). `None`: a draft model's block, γ real drafts in every row.
         num_forwards (`int`): forwards of the draft model this round (0 for prompt lookup).
+        num_wide_forwards (`int`): of those, multi-level drafting's forwards over a block of n-gram candidates.
         from_ngram (`tuple[bool, ...]`, *optional*): multi-level drafting: for each draft position, whether its
             drafts were n-gram candidates the draft model confirmed (drafted without a forward of their own, in every
             row); None otherwise.
@@ -49,6 +50,7 @@ class DraftBlock:
     num_per_row: tuple[int, ...] | None = None
     num_forwards: int = 0
     from_ngram: tuple[bool, ...] | None = None
+    num_wide_forwards: int = 0
 
     @property
     def num_tokens(self) -> int:
@@ -107,8 +109,9 @@ class ModelDrafter:
     **A compiled round** (`compiled_round`, on static caches where the forward is compiled): greedy drafts with no
     logits processors, no per-token policy and no q to keep (greedy `exact`, `fly`, `ears`, `dropmatch` voting; not
     sampling, not multi-level drafting) take all γ draft steps of a round in one call of `greedy_steps` compiled, one
-    graph of γ forwards whose step compiles once per shape (on a GPU with `mode="reduce-overhead"`: one CUDA graph
-    replay a round, where the step by step path makes γ compiled calls with host work between them). Its γ is the policy's length (`round_width`); a round
+    graph of γ forwards, unrolled (on a GPU with `mode="reduce-overhead"`: one CUDA graph replay a round, where the
+    step by step path makes γ compiled calls with host work between them; see the note above `greedy_pick` on why
+    not a nested step region). Its γ is the policy's length (`round_width`); a round
     the loop cut shorter near `max_length` runs the same graph, once a full round ran, and keeps the first drafts (a
     few draft forwards wasted, rather than two more graphs compiled in the call's last round), and a round the policy
     chose shorter or longer drafts step by step. The drafts are the step-by-step path's, up to floating point (the
@@ -185,8 +188,9 @@ class ModelDrafter:
         self.rdk_kernel = (
             (model.rdk_indices.to(output_device), model.rdk_weights.to(output_device).float()) if redistribute else None
         )
-        # The compiled round drafts argmax q with nothing between the steps: no processors, no q kept, no lookup.
-        fuses = not (do_sample or return_probs or redistribute or contexts is not None or len(logits_processor) > 0)
+        # The compiled round drafts argmax q with nothing between the steps: no processors, no q kept, no lookup (a
+        # drafter with one uses it in the rounds it drafts alone: `draft(multi_level=False)`).
+        fuses = not (do_sample or return_probs or redistribute or len(logits_processor) > 0)
         self.compiled_round = compiled_round if fuses and compiled is not None and round_width else None
         self.round_width = round_width
         # A round cut short runs the compiled round only once a full one has compiled it (not in a call's last round),
@@ -259,10 +263,11 @@ class ModelDrafter:
 
     @record_function("hf_semspec.draft")
     def draft(self, batch: DecodingBatch, max_tokens: int, policy: DraftLengthPolicy | None = None,
-              cut_short: bool = False) -> DraftBlock:
+              cut_short: bool = False, multi_level: bool = True) -> DraftBlock:
         """Drafts up to `max_tokens` tokens into the slots after `batch.num_slots` (and after each row's tokens).
         `cut_short`: the loop cut the round below the policy's length (near `max_length`), which may then run the
-        compiled round (the class docstring).
+        compiled round (the class docstring). `multi_level=False`: a drafter with `contexts` drafts this round
+        alone, one forward per draft (`drafting="auto"`, `hf_semspec.drafting_choice`).
 
         A per-token `policy` may end the round early (`keep_drafting`), which costs it one host sync per token; it
         reads q of the rows still decoding only (a finished row that stays for a static cache's shape drafts on, but
@@ -276,7 +281,8 @@ class ModelDrafter:
         asks_policy = policy is not None and policy.decides_per_token
         keep_probs = self.return_probs or (asks_policy and policy.reads_draft_probs)
         self.runner.rewind(start - self.catch_up)
-        if self._runs_compiled_round(start, max_tokens, asks_policy, cut_short):
+        contexts = self.contexts if multi_level else None
+        if contexts is None and self._runs_compiled_round(start, max_tokens, asks_policy, cut_short):
             return self._compiled_round(batch, start, max_tokens)
         tokens, probs = [], []
         # Rows with nothing more to draft for: finished ones (kept for a static cache's shape) and, read per token
@@ -285,16 +291,17 @@ class ModelDrafter:
         decoding_rows = None if not asks_policy or all(batch.decoding) else torch.tensor(
             [i for i, decoding in enumerate(batch.decoding) if decoding], device=self.output_device
         )
-        num_forwards = 0
+        num_forwards = num_wide_forwards = 0
         from_ngram: list[bool] = []  # per draft: a candidate the draft confirmed (multi-level drafting)
-        if self.contexts is not None:
-            self.contexts.begin_round(batch.rows)  # this round's drafts extend the contexts until the round ends
+        if contexts is not None:
+            contexts.begin_round(batch.rows)  # this round's drafts extend the contexts until the round ends
         try:
             while len(tokens) < max_tokens:
                 index = len(tokens)
                 step = None
-                if self.contexts is not None:
+                if contexts is not None:
                     step = self._multi_level_step(batch, start, index, max_tokens - index, keep_probs)
+                    num_wide_forwards += step is not None
                 if step is None:  # one draft from one forward
                     logits = self.runner.forward(batch, start + index, 1)[:, -1:].to(self.output_device)
                     step = _Step(*self._next_tokens(batch, index, logits, keep_probs))
@@ -321,14 +328,14 @@ class ModelDrafter:
                                 break
                 if stop:
                     break
-                if self.contexts is not None and len(tokens) < max_tokens:
+                if contexts is not None and len(tokens) < max_tokens:
                     # The next step's lookup searches this round's drafts too (read now, unless the step read them).
                     new = step.host_drafts if step.host_drafts is not None else step.drafts.tolist()
                     for row, drafts in zip(batch.rows, new):
-                        self.contexts.append_tokens(row, drafts)
+                        contexts.append_tokens(row, drafts)
         finally:
-            if self.contexts is not None:
-                self.contexts.end_round(batch.rows)
+            if contexts is not None:
+                contexts.end_round(batch.rows)
         empty = batch.ids.new_zeros(batch.size, 0)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1) if tokens else empty,
@@ -336,7 +343,8 @@ class ModelDrafter:
             # one forward per drafted token (the first also feeds the slots it has not seen), fewer with multi-level
             # drafting
             num_forwards=num_forwards,
-            from_ngram=tuple(from_ngram) if self.contexts is not None else None,
+            from_ngram=tuple(from_ngram) if contexts is not None else None,
+            num_wide_forwards=num_wide_forwards,
         )
 
     def _runs_compiled_round(self, start: int, max_tokens: int, asks_policy: bool, cut_short: bool) -> bool:
@@ -479,8 +487,8 @@ def greedy_steps(
     """
     drafts = []
     for _ in range(num_steps):
-        token = _greedy_step_region(model, cache, input_ids, attention_mask, position_ids, keep_one_logit, vocab_size,
-                                    kept_token_ids)
+        token = _greedy_step(model, cache, input_ids, attention_mask, position_ids, keep_one_logit, vocab_size,
+                             kept_token_ids)
         drafts.append(token)
         input_ids = token[:, None] if max_input_id is None else token[:, None].clamp_max(max_input_id)
         if position_ids is not None:
@@ -500,11 +508,12 @@ def _greedy_step(model, cache, input_ids, attention_mask, position_ids, keep_one
     return greedy_pick(model(input_ids=input_ids, use_cache=True, **kwargs).logits[:, -1], vocab_size, kept_token_ids)
 
 
-# torch.compile's hierarchical compilation: the step is compiled once per input shape (the round's first, over the
-# catch-up slots, and the others) and stamped out for each step, so a round of γ steps compiles about as fast as the
-# two step graphs it replaces, not γ times one (a 24-layer draft on a CPU, inductor, γ = 5: 114 s against 118 s for
-# the two step graphs and 234 s unrolled); eagerly it is the plain function.
-_greedy_step_region = torch.compiler.nested_compile_region(_greedy_step)
+# The γ steps are unrolled into one graph. torch's hierarchical compilation (`torch.compiler.nested_compile_region`
+# around the step, compiled once per shape and stamped out) compiled a 24-layer draft's round about twice as fast on a
+# CPU (114 s against 234 s, γ = 5), but under inductor (torch 2.13, CPU) its drafts were not the step-by-step path's:
+# the reference pair's round accepted 2.1 tokens where eager accepted 4.9, and a tiny model's rounds differed from the
+# second (the output stayed right: the target verifies every draft; aot_eager's drafts were right).
+# tests/test_static_cache.py checks the rounds under inductor.
 
 
 def greedy_pick(logits: torch.FloatTensor, vocab_size: int,

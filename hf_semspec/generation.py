@@ -33,6 +33,7 @@ from .draft_length import POLICIES, DraftLengthPolicy
 from .draft_length.base import MAX_DRAFT_TOKENS, default_length
 from .errors import invalid_value
 from .generation_fields import GENERATION_FIELDS, allowed_text
+from .drafting_choice import AUTO, DEFAULT_LOOKUP, check_drafting
 from .ngram import PromptLookup, check_prompt_lookup
 from .rules import RULES, AcceptanceRule
 
@@ -41,7 +42,8 @@ logger = logging.getLogger(__name__)
 # Our fields inside `GenerationConfig` (and its JSON), as (component name, its options).
 ACCEPTANCE_FIELDS = ("acceptance", "acceptance_kwargs")
 DRAFT_LENGTH_FIELDS = ("draft_length", "draft_length_kwargs")
-SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS + DRAFT_LENGTH_FIELDS
+DRAFTING_FIELD = "drafting"
+SEMSPEC_GENERATION_FIELDS = ACCEPTANCE_FIELDS + DRAFT_LENGTH_FIELDS + (DRAFTING_FIELD,)
 _REGISTRY_OF_FIELD = {"acceptance": RULES, "draft_length": POLICIES}
 
 
@@ -226,6 +228,20 @@ def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | N
     return check_prompt_lookup(num_tokens, ngram_size, num_tokens_field, ngram_field)
 
 
+def _resolve_drafting(call_value: Any, generation_config: GenerationConfig | None, model) -> tuple[str | None, str]:
+    """`(drafting, the field it came from)`: the call's (an explicit None included), else a passed config's, else the
+    model's, validated (`drafting_choice.check_drafting`, which names that field)."""
+    if call_value is not _NOT_GIVEN:
+        return check_drafting(call_value, DRAFTING_FIELD), DRAFTING_FIELD
+    for field, value in (
+                         (f"generation_config.{DRAFTING_FIELD}", getattr(generation_config, DRAFTING_FIELD, None)),
+                         (f"model.generation_config.{DRAFTING_FIELD}",
+                          getattr(model.generation_config, DRAFTING_FIELD, None))):
+        if value is not None:
+            return check_drafting(value, field), field
+    return None, DRAFTING_FIELD
+
+
 def _with_ensemble_weight(rule_name: Any, rule_kwargs: Any, kwargs: dict, generation_config: GenerationConfig | None,
                           model) -> tuple[Any, Any, float | None]:
     """`(rule name, its options, the weight)` once transformers' `assistant_ensemble_weight` (read as transformers
@@ -401,13 +417,15 @@ def _build_draft_length_policy(
     assistant_model: torch.nn.Module | None,
     rule: AcceptanceRule,
     prompt_lookup: PromptLookup | None = None,
+    drafting: str | None = None,
 ) -> DraftLengthPolicy:
     """The draft-length policy of this call: `draft_length` (a name, or a policy instance that keeps its state
     across calls), else transformers' `num_assistant_tokens_schedule`, else `constant`. `num_assistant_tokens`
     sets the policy's length field (its fixed, initial or maximum length); unset, with prompt-lookup drafts
     (`prompt_lookup`, no `assistant_model`), a fixed or initial length is k, `prompt_lookup_num_tokens`, which also
     caps every round. A policy that `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is
-    kept per models (the target alone, and k and n, for prompt lookup), rule and options (`_kept_policy`). An
+    kept per models (the target alone, and k and n, for prompt lookup), `drafting`, rule and options
+    (`_kept_policy`). An
     instance, or a kept policy, is marked in use: release it after the call."""
     if isinstance(call_name, DraftLengthPolicy):
         if call_kwargs is not None:
@@ -515,6 +533,8 @@ def _build_draft_length_policy(
         drafter = assistant_model if assistant_model is not None else model
         if prompt_lookup is not None:
             key += ("prompt_lookup", prompt_lookup.num_tokens, prompt_lookup.max_ngram_size)
+        if drafting is not None:  # ("auto": rounds of every way, apart from a fixed way's)
+            key += ("drafting", drafting)
         if policy_class.keeps_state_across_calls:
             # What they learn (round times, the draft's calibration) changes with the models' dtype or device and with
             # greedy or sampled acceptance; the heuristic schedule's length carries over as transformers carries it.
@@ -720,6 +740,7 @@ def generate(
     acceptance_kwargs: dict | None = None,
     draft_length: str | DraftLengthPolicy | None = None,
     draft_length_kwargs: dict | None = None,
+    drafting: str | None = _NOT_GIVEN,
     **kwargs,
 ):
     r"""transformers' `generate()`, plus speculative decoding with a choice of acceptance rule.
@@ -759,6 +780,15 @@ def generate(
             (`forget_draft_length_state()` drops it). With a rule other than `"exact"`, or with sampling, where
             rounds end changes the text; docs/draft-length.md lists the policies whose text repeats.
         draft_length_kwargs (`dict`, *optional*): options of the policy, validated before decoding starts.
+        drafting (`str`, *optional*): `"auto"`: with `assistant_model`, draft the cheapest way on this machine, chosen
+            in the call's first rounds from measured costs (the draft's one-token and (1 + k)-wide forwards, the
+            target's verify forward, kept per process for the pair) and the lookup hits seen so far: the draft alone,
+            multi-level drafting, or (with `"exact"`) prompt lookup alone (`hf_semspec.drafting_choice`). Greedy,
+            each gives the draft alone's text. With `prompt_lookup_num_tokens` (and `max_matching_ngram_size`) it
+            uses that lookup, else k = 6, n = 4. The statistics say what it chose and why
+            (`acceptance_stats.drafting`, `drafting_reason`). None: the drafting `assistant_model` and
+            `prompt_lookup_num_tokens` select. Read from the call (an explicit None included, which turns a
+            config's "auto" off), else a passed, else the model's generation config; None where none sets it.
         num_assistant_tokens (`int`, *optional*, in kwargs): the policy's length (the fixed γ for `"constant"`),
             else from the passed or the target's generation config; default: the draft's generation config's (as
             stock transformers reads it), or with prompt lookup `prompt_lookup_num_tokens` (which caps every round
@@ -799,15 +829,18 @@ def generate(
     if rule_off and acceptance_kwargs is not None:
         raise invalid_value("acceptance_kwargs", acceptance_kwargs, "None with acceptance=None (no rule decodes)",
                             "drop acceptance_kwargs, or name the rule they are for with acceptance=...")
+    drafting_given = None if drafting is _NOT_GIVEN else drafting  # (for the checks of what was set)
     if rule_name is None:
-        given = _first_given({"draft_length": draft_length, "draft_length_kwargs": draft_length_kwargs},
-                             generation_config, model.generation_config)
+        given = _first_given({"draft_length": draft_length, "draft_length_kwargs": draft_length_kwargs,
+                              DRAFTING_FIELD: drafting_given}, generation_config, model.generation_config)
         if given is not None:
             field, value = given
+            stock = ("stock assisted generation drafts with the draft model alone" if field.endswith(DRAFTING_FIELD)
+                     else "stock assisted generation has its own num_assistant_tokens")
             raise invalid_value(
                 field,
                 value,
-                "only together with an acceptance rule (stock assisted generation has its own num_assistant_tokens)",
+                f"only together with an acceptance rule ({stock})",
                 f'also set acceptance="exact" (or another rule), or drop {field}',
             )
     if rule_name is None and getattr(assistant_model, "kept_token_ids", None) is not None:
@@ -821,7 +854,8 @@ def generate(
     if rule_name is not None and assistant_model is None and source == "model":
         # The model's default rule is off without a draft: options given for this call would silently do nothing.
         given = _first_given({"acceptance_kwargs": acceptance_kwargs, "draft_length": draft_length,
-                              "draft_length_kwargs": draft_length_kwargs}, generation_config, model.generation_config)
+                              "draft_length_kwargs": draft_length_kwargs, DRAFTING_FIELD: drafting_given},
+                             generation_config, model.generation_config)
         if given is not None:
             field, value = given
             raise invalid_value(
@@ -914,8 +948,18 @@ def generate(
         stock_arguments["generation_config"] = _hand_transformers_none(
             "prompt_lookup_num_tokens", kwargs, stock_arguments["generation_config"], model
         )
+    drafting, drafting_field = _resolve_drafting(drafting, generation_config, model)
+    if drafting == AUTO and assistant_model is None:
+        raise invalid_value(
+            drafting_field, drafting, "None without assistant_model ('auto' chooses how a draft model drafts: alone, "
+            "multi-level with prompt lookup, or replaced by prompt lookup)",
+            f"pass assistant_model=<draft model>, or drop {drafting_field} (prompt lookup alone then drafts)",
+        )
+    if drafting == AUTO and prompt_lookup is None:
+        prompt_lookup = DEFAULT_LOOKUP
     policy = _build_draft_length_policy(
-        draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule, prompt_lookup
+        draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule, prompt_lookup,
+        drafting,
     )
 
     # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
@@ -927,6 +971,7 @@ def generate(
             draft_length=policy,
             streamer=streamer,
             prompt_lookup=prompt_lookup,
+            drafting=drafting,
         )
         with _handing_to_transformers():
             return stock_generate(model, custom_generate=decoding_loop, **stock_arguments, **kwargs)

@@ -55,6 +55,13 @@ class AcceptanceStats:
             transformers' `assistant_ensemble_weight`; `MIXED` for statistics merged from calls of different rules.
         acceptance_kwargs (`dict`, *optional*): that rule's options, all of them (defaults included); `None` when
             merged from calls with different ones.
+        drafting (`str`, *optional*): how the call drafted: `"draft"` (the draft model alone), `"multi_level"` (the
+            draft model confirming prompt-lookup candidates) or `"lookup"` (prompt lookup alone); with
+            `drafting="auto"` the way it chose (`hf_semspec.drafting_choice`), None if the call ended before it
+            chose; `MIXED` for statistics merged from calls that drafted differently.
+        drafting_reason (`dict`, *optional*): with `drafting="auto"`, why: each way's predicted ms per token
+            (`ms_per_token`, None where unmeasured), the measured costs (`draft_step_ms`, `draft_wide_ms`,
+            `verify_ms`), the counts behind them and `decided_at_round`; None otherwise.
     """
 
     num_target_forwards: int = 0
@@ -71,6 +78,8 @@ class AcceptanceStats:
     num_ngram_drafts: int = 0
     acceptance: str | None = None
     acceptance_kwargs: dict | None = None
+    drafting: str | None = None
+    drafting_reason: dict | None = None
 
     def __post_init__(self):
         if self.num_row_forwards is None:  # one row's statistics (or a file written before the field)
@@ -139,6 +148,8 @@ class AcceptanceStats:
             num_ngram_drafts=self.num_ngram_drafts + other.num_ngram_drafts,
             acceptance=_merged(self.acceptance, other.acceptance, MIXED),
             acceptance_kwargs=_merged(self.acceptance_kwargs, other.acceptance_kwargs, None),
+            drafting=_merged(self.drafting, other.drafting, MIXED),
+            drafting_reason=_merged(self.drafting_reason, other.drafting_reason, None),
         )
 
     def record_round(self, num_drafted: int, num_accepted: int, num_new_tokens: int, num_draft_forwards: int = 0,

@@ -88,9 +88,11 @@ def close_draft(target) -> LlamaForCausalLM:
 @pytest.fixture(autouse=True)
 def fresh_draft_length_state():
     """The models are session-wide, and policies built from a name keep what they learn per models and options
-    across calls: every test starts from none, as a fresh process would."""
+    across calls, as `drafting="auto"` keeps its measured costs: every test starts from none, as a fresh process
+    would."""
     yield
     hf_semspec.forget_draft_length_state()
+    hf_semspec.forget_drafting_costs()
 
 
 @pytest.fixture

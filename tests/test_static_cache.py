@@ -341,3 +341,56 @@ def test_a_max_length_criterion_longer_than_the_static_cache_is_refused(close_dr
     out = model.generate(ids, assistant_model=close_draft, acceptance="exact", max_new_tokens=10,
                          stopping_criteria=criteria, cache_implementation="static")
     assert torch.equal(out, plain_greedy(model, ids, max_new_tokens=6))
+
+
+# -- inductor: the code generation that runs on a CPU or a GPU -------------------------------------------------------
+
+
+def test_cpu_compile_config_is_what_makes_generate_compile_on_a_cpu(attached):
+    """transformers compiles a static cache's forward off a GPU only when told to: `hf_semspec.cpu_compile_config`
+    tells it (inductor, no CUDA graphs, one graph per shape); a plain `CompileConfig` does not."""
+    from hf_semspec._transformers_compat import compiles_forward
+
+    cache = StaticCache(config=attached.config, max_cache_len=16)
+    config = hf_semspec.cpu_compile_config(fullgraph=False)
+    assert config.to_dict() == {**CompileConfig().to_dict(), "backend": "inductor", "mode": None,
+                                "fullgraph": False, "dynamic": False, "options": {"freezing": True}}
+    assert compiles_forward(attached, cache, replace_compile_config(attached, config))
+    assert not compiles_forward(attached, cache, replace_compile_config(attached, CompileConfig(mode=None)))
+
+
+def replace_compile_config(model, config: CompileConfig):
+    generation_config = type(model.generation_config)(**model.generation_config.to_dict())
+    generation_config.compile_config = config
+    return generation_config
+
+
+def test_inductor_decodes_as_eager_plain_and_speculative(monkeypatch, close_draft, fresh_compiler):
+    """Inductor's generated code (not `aot_eager`'s traced graphs): transformers' own compiled plain decoding, and
+    `exact` with its compiled round, verify forward and verification, then multi-level drafting's fixed-width steps,
+    each give plain greedy decoding's tokens (fp32) in the eager path's rounds (the same drafts: a compiled round
+    that drafted wrong tokens would still give the right text, at a lower acceptance), and a second prompt of another
+    length reuses the first's graphs (one `max_cache_len`)."""
+    target = hf_semspec.attach(tiny_llama(seed=0))
+    config = hf_semspec.cpu_compile_config()
+    compiled = counted_compiled_forwards(monkeypatch)
+    rounds = counted_compiled(monkeypatch, "compiled_round")
+    verifications = counted_compiled(monkeypatch, "compiled_verification")
+    static = dict(cache_implementation="static", compile_config=config, max_cache_len=64, max_new_tokens=16)
+    graphs = []
+    for ids in (prompt(8), prompt(11, seed=1)):
+        expected = plain_greedy(target, ids, max_new_tokens=16)
+        assert torch.equal(plain_greedy(target, ids, **static), expected)  # transformers' loop, compiled
+        speculative = dict(assistant_model=close_draft, acceptance="exact", num_assistant_tokens=3,
+                           return_dict_in_generate=True)
+        eager = target.generate(ids, max_new_tokens=16, **speculative).acceptance_stats
+        out = target.generate(ids, **speculative, **static)
+        assert torch.equal(out.sequences, expected)
+        assert out.acceptance_stats.accepted_per_round == eager.accepted_per_round
+        multi = target.generate(ids, prompt_lookup_num_tokens=2, **speculative, **static)
+        assert torch.equal(multi.sequences, expected)
+        assert multi.acceptance_stats.accepted_per_round == eager.accepted_per_round
+        graphs.append(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert compiled[target].calls > 0 and sum(r.calls for r in rounds) > 0 and sum(v.calls for v in verifications) > 0
+    assert compiled[close_draft].calls > 0  # multi-level drafting's steps
+    assert graphs[1] == graphs[0] > 0  # the second prompt compiled nothing (dynamic=False: a new shape would)

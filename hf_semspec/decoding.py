@@ -205,21 +205,18 @@ def cpu_compile_config(**options) -> CompileConfig:
 
     Args:
         options: `CompileConfig` fields; defaults: inductor (`backend="inductor"`) with no `mode` (a CPU has no
-            CUDA graphs, which transformers' default mode, `"reduce-overhead"`, asks for; torch takes a mode or
-            inductor `options`, not both), `fullgraph=True` (a graph
-            break would hand the step back to Python per layer), `dynamic=False` (one graph per shape: a static
+            CUDA graphs, which transformers' default mode, `"reduce-overhead"`, asks for), `fullgraph=True` (a graph
+            break would hand the step back to Python per layer) and `dynamic=False` (one graph per shape: a static
             cache keeps its shape; pass `max_cache_len` to `generate()` to keep one cache, and its graphs, across
-            prompts of different lengths) and inductor's `freezing` (`options={"freezing": True}`): the weights are
-            folded into the graph as constants and pre-packed for oneDNN's matrix products, which is where a CPU
-            decode step spends its time (the 1.5B target's bf16 step on one AVX-512 BF16 core: 435 ms eager, 408 ms
-            compiled, 254 ms frozen; docs/cpu.md). Frozen weights are copies: the model's own weights changed after
-            the first call are not seen (compile again: `torch._dynamo.reset()`), and the model takes their memory
-            twice. A `mode` given drops the freezing default (pass `options` instead).
+            prompts of different lengths).
+
+    The matrix products are where a CPU decode step spends its time, and inductor's freezing (the weights folded in
+    and pre-packed for oneDNN) makes them cheaper: the 1.5B target's bf16 step on one AVX-512 BF16 core took 254 ms
+    with `torch._inductor.config.freezing = True` set before the first call, against 435 ms eager; passed per call
+    (`options={"freezing": True}`) it took 372 ms (docs/cpu.md).
     """
-    defaults = {"backend": "inductor", "mode": None, "fullgraph": True, "dynamic": False}
-    if options.get("mode") is None:  # (a mode given replaces inductor's options: torch takes one of the two)
-        defaults["options"] = {"freezing": True}
-    return compiling_off_gpus(CompileConfig(**{**defaults, **options}))
+    return compiling_off_gpus(CompileConfig(**{"backend": "inductor", "mode": None, "fullgraph": True,
+                                               "dynamic": False, **options}))
 
 
 def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
@@ -676,7 +673,7 @@ class _Loop:
             if auto:
                 costs = costs_for(model, assistant_model, prompt_lookup, static, compiled=compiled_draft is not None,
                                   batch_size=batch_size, gamma=typical_length)
-                drafter = AutoDrafter(drafter, lookup_drafter, costs, input_ids.device)
+                drafter = AutoDrafter(drafter, lookup_drafter, costs, input_ids.device, leaves_lookup=not static)
                 drafting = None  # (what it chooses, once it has)
         if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
             caches = [("model", target_cache)]

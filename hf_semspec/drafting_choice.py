@@ -42,7 +42,10 @@ What is measured where:
 
 The call explores for `EXPLORE_ROUNDS` rounds after its first (the draft alone while c₁ is unmeasured, then
 multi-level drafting while c_w is, then the cheaper of the two), then runs the cheapest way for the rest of the call.
-Prompt lookup, once chosen, is kept to the end (the draft model's cache stops following). A way with a figure still
+What the text repeats changes as it goes: prompt lookup alone, once chosen, is priced again every `REVIEW_ROUNDS`
+of its rounds from its last `REVIEW_WINDOW` rounds' tokens, and gives way for good to the draft model's cheaper way
+where that now costs less (on dynamic caches: the draft's cache catches up on the tokens it missed in one forward;
+on static caches, whose compiled forward would compile that shape, lookup stays to the end). A way with a figure still
 unmeasured is not chosen; ties go to the draft alone. The call's statistics say what was chosen and why
 (`AcceptanceStats.drafting`, `drafting_reason`).
 """
@@ -73,6 +76,9 @@ DRAFT, MULTI_LEVEL, LOOKUP = "draft", "multi_level", "lookup"
 DEFAULT_LOOKUP = PromptLookup(num_tokens=6, max_ngram_size=4)
 # Rounds timed and counted before the choice, after the first (which prefills).
 EXPLORE_ROUNDS = 4
+# Prompt lookup alone, once chosen, is priced again every REVIEW_ROUNDS of its rounds, from its last REVIEW_WINDOW.
+REVIEW_ROUNDS = 4
+REVIEW_WINDOW = 8
 # Timings kept per cost (the median of the last ones is the estimate).
 _KEPT_SAMPLES = 32
 
@@ -261,10 +267,13 @@ class AutoDrafter:
         costs (`DraftingCosts`): this process's timings for the pair (`costs_for`), which the call adds to.
         device (`torch.device`): the batch's device; it and the draft model's are synchronized around timed drafts
             where they are accelerators.
+        leaves_lookup (`bool`): prompt lookup alone, once chosen, is reviewed and may give way to the draft model
+            (`_review_lookup`); False on static caches, whose compiled draft forward would compile the catch-up's
+            shape.
     """
 
     def __init__(self, model_drafter: ModelDrafter, lookup_drafter: NgramDrafter | None, costs: DraftingCosts,
-                 device: torch.device):
+                 device: torch.device, leaves_lookup: bool = True):
         self.model_drafter = model_drafter
         self.lookup_drafter = lookup_drafter
         self.costs = costs
@@ -273,6 +282,8 @@ class AutoDrafter:
         self.devices = [d for d in {device, assistant_device(model_drafter)} if d.type != "cpu"]
         self.chosen: str | None = None
         self.rows_at_choice: set[int] = set()  # the rows still decoding when the way was chosen
+        self.leaves_lookup = leaves_lookup
+        self._lookup_rounds: list[float] = []  # tokens of each round drafted by prompt lookup alone (row mean)
         self._seen: set[str] = set()  # the costs timed once in this call (the first timing is dropped)
         self.reason: dict | None = None
         self.round = 0
@@ -304,9 +315,13 @@ class AutoDrafter:
             self.chosen, self.reason = choose_drafting(self.costs, self.counts, self.modes)
             self.reason["decided_at_round"] = self.round
             self.rows_at_choice = {row for row, decoding in zip(batch.rows, batch.decoding) if decoding}
+        if self.chosen == LOOKUP and self.leaves_lookup:
+            self._review_lookup()
         mode = self._mode()
         self.round += 1
         if mode == LOOKUP:
+            self._round_rows = [row for row, decoding in zip(batch.rows, batch.decoding) if decoding]
+            self._lookup_rounds.append(0.0)  # (its tokens arrive with `append_tokens`)
             return self.lookup_drafter.draft(batch, max_tokens, policy, cut_short)
         exploring = self.chosen is None
         if exploring:
@@ -322,6 +337,26 @@ class AutoDrafter:
             self._count_round(mode, batch, block)
         self._drafts_ended = self._clock() if timed else None
         return block
+
+    def _review_lookup(self) -> None:
+        """Prompt lookup alone was chosen from the first rounds' lookups, and what the text repeats changes as it
+        goes: every `REVIEW_ROUNDS` rounds its price is taken again from its last `REVIEW_WINDOW` rounds' tokens,
+        and where the draft model's cheaper way (priced from the exploration) now costs less, the call goes back to
+        it for good (the draft's cache catches up on the tokens it missed in one forward)."""
+        done = len(self._lookup_rounds)  # (each with its tokens: they came after its verification)
+        if done < REVIEW_ROUNDS or done % REVIEW_ROUNDS:
+            return
+        recent = self._lookup_rounds[-REVIEW_WINDOW:]
+        verify = self.costs.estimate("verify")
+        prices = predicted_seconds_per_token(self.costs, self.counts, (DRAFT, MULTI_LEVEL))
+        priced = {mode: price for mode, price in prices.items() if price is not None}
+        if verify is None or not priced or sum(recent) == 0:
+            return
+        lookup_price = verify * len(recent) / sum(recent)
+        best = min(priced, key=priced.get)
+        if priced[best] < lookup_price:
+            self.chosen = best
+            self.reason.update(left_lookup_at_round=self.round, lookup_ms_per_token_then=round(1000 * lookup_price, 3))
 
     def _mode(self) -> str:
         """The chosen way; while exploring: the draft alone in the first round (it prefills) and while c₁ is
@@ -394,6 +429,8 @@ class AutoDrafter:
         self.model_drafter.append_tokens(row, tokens)
         if self.lookup_drafter is not None:
             self.lookup_drafter.append_tokens(row, tokens)
+        if self.chosen == LOOKUP and row in self._round_rows:
+            self._lookup_rounds[-1] += len(tokens) / len(self._round_rows)
         if self.chosen is not None:
             return
         if row in self._round_rows:

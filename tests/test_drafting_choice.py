@@ -126,7 +126,8 @@ def test_the_replay_takes_the_fewest_candidates_and_matches_over_the_rows(target
     """Two rows: a step confirms what every row confirms (the row that found fewer candidates, or matched fewer,
     limits the step), as the drafter's own multi-level step does for a batch."""
     draft = perturbed_copy(target, 0.05, seed=3)
-    rows = [plain_greedy(target, prompt(8, seed=seed), max_new_tokens=16, eos_token_id=None) for seed in (0, 4)]
+    # the target's own cyclic text (every lookup confirmed), and a random one of the same length
+    rows = [plain_greedy(target, prompt(8), max_new_tokens=16, eos_token_id=None), prompt(24, seed=5)]
     ids = torch.cat(rows)
     batch = batch_of(ids)
     alone = drafter(draft, ids, num_tokens=None).draft(batch, max_tokens=8)
@@ -242,7 +243,6 @@ def test_every_greedy_rule_gives_the_draft_alones_text_and_rounds_with_the_draft
     assert auto.acceptance_stats.accepted_per_round == alone.acceptance_stats.accepted_per_round
 
 
-@pytest.mark.parametrize("mode", [MULTI_LEVEL, LOOKUP])
 def test_rows_that_end_during_and_after_the_exploration_get_their_text_alone(attached, close_draft, forced):
     """A dynamic batch whose rows end at EOS, some while the call explores, some after it chose prompt lookup alone
     (rows leave the batch, and the drafters' caches and contexts follow): each row's text is its own, and a row that
@@ -297,7 +297,7 @@ def test_patched_costs_decide_the_choice(attached, close_draft, monkeypatch):
     chosen = {}
     for wide in (0.11, 0.9):
         hf_semspec.forget_drafting_costs()
-        kept = costs_for(attached, close_draft, lookup, static=False)
+        kept = costs_for(attached, close_draft, lookup, static=False, gamma=4)
         kept.step[:], kept.wide[:], kept.verify[:] = [0.1], [wide], [0.5]
         out = attached.generate(REPEATING, **kwargs)
         chosen[wide] = out.acceptance_stats.drafting
@@ -312,17 +312,19 @@ def test_costs_are_kept_per_pair_dtype_and_cache_kind_and_forgotten_on_request(a
     lookup = drafting_choice.DEFAULT_LOOKUP
     attached.generate(REPEATING, assistant_model=close_draft, acceptance="exact", drafting="auto",
                       max_new_tokens=NEW_TOKENS)
-    kept = costs_for(attached, close_draft, lookup, static=False)
+    kept = costs_for(attached, close_draft, lookup, static=False, gamma=5)
     assert kept.estimate("step") is not None and kept.estimate("verify") is not None
-    assert costs_for(attached, close_draft, lookup, static=True).estimate("step") is None
-    assert costs_for(attached, close_draft, PromptLookup(3, 2), static=False).estimate("step") is None
+    for other in (dict(static=True, gamma=5), dict(static=False, gamma=4), dict(static=False, gamma=5, batch_size=2),
+                  dict(static=False, gamma=5, compiled=True)):
+        assert costs_for(attached, close_draft, lookup, **other).estimate("step") is None
+    assert costs_for(attached, close_draft, PromptLookup(3, 2), static=False, gamma=5).estimate("step") is None
     samples = len(kept.step)
     second = attached.generate(REPEATING, assistant_model=close_draft, acceptance="exact", drafting="auto",
                                max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
     assert len(kept.step) > samples  # the second call adds to the first's (and starts with them)
     assert second.acceptance_stats.drafting_reason["draft_step_ms"] is not None
     hf_semspec.forget_drafting_costs()
-    assert costs_for(attached, close_draft, lookup, static=False).estimate("step") is None
+    assert costs_for(attached, close_draft, lookup, static=False, gamma=5).estimate("step") is None
 
 
 # -- statistics -------------------------------------------------------------------------------------------------------
@@ -398,4 +400,45 @@ def test_the_field_survives_json_and_the_model_default_is_read(attached, close_d
     out = attached.generate(REPEATING, assistant_model=close_draft, generation_config=loaded,
                             return_dict_in_generate=True)
     assert out.acceptance_stats.drafting_reason is not None
-    assert costs_for(attached, close_draft, PromptLookup(3, 2), static=False).estimate("step") is not None
+    assert costs_for(attached, close_draft, PromptLookup(3, 2), static=False, gamma=5).estimate("step") is not None
+
+
+def test_prompt_lookup_gives_way_when_its_recent_rounds_cost_more_than_the_draft_models(close_draft, monkeypatch):
+    """Chosen from the first rounds' lookups, prompt lookup alone is priced again every REVIEW_ROUNDS rounds from its
+    last REVIEW_WINDOW: rounds of 1 token at c_v each cost more than the draft alone's (D·c₁ + c_v)/T, so the call
+    goes back to the draft alone; rounds that commit many tokens keep it; static caches never leave it."""
+    auto = auto_drafter(close_draft, REPEATING)
+    auto.costs.step[:], auto.costs.verify[:] = [0.1], [0.5]
+    auto.counts = counts(drafts=5.0, tokens=4.0)  # the draft alone: (5·0.1 + 0.5)/4 = 0.25 s a token
+    auto.chosen, auto.reason = LOOKUP, {}
+    auto._lookup_rounds = [5.0] * drafting_choice.REVIEW_ROUNDS  # 0.1 s a token: lookup stays
+    auto._review_lookup()
+    assert auto.chosen == LOOKUP
+    auto._lookup_rounds += [1.0] * drafting_choice.REVIEW_ROUNDS  # the last 8: 3 tokens a round → 0.167: stays
+    auto._review_lookup()
+    assert auto.chosen == LOOKUP
+    auto._lookup_rounds += [1.0] * drafting_choice.REVIEW_ROUNDS  # the last 8: 1 a round → 0.5 s a token: leaves
+    auto._review_lookup()
+    assert auto.chosen == DRAFT and auto.reason["lookup_ms_per_token_then"] == pytest.approx(500.0)
+
+
+@pytest.mark.parametrize("static", [False, True])
+def test_a_call_that_leaves_lookup_still_gives_plain_greedy(attached, close_draft, forced, monkeypatch, static):
+    """Forced to lookup, then reviewed with every lookup round priced above the draft's: on dynamic caches the call
+    goes back to the draft (its cache catches up on what it missed), on static ones it stays; the text is plain
+    greedy decoding's either way."""
+    forced(LOOKUP)
+    monkeypatch.setattr(drafting_choice, "predicted_seconds_per_token",
+                        lambda costs, counts, modes: {mode: 1e-9 for mode in modes})
+    options = {"cache_implementation": "static"} if static else {}
+    ids = prompt(8)
+    out = attached.generate(ids, assistant_model=close_draft, acceptance="exact", drafting="auto",
+                            max_new_tokens=NEW_TOKENS, eos_token_id=None, num_assistant_tokens=2,
+                            return_dict_in_generate=True, **options)
+    assert torch.equal(out.sequences, plain_greedy(attached, ids, max_new_tokens=NEW_TOKENS, eos_token_id=None))
+    reason = out.acceptance_stats.drafting_reason
+    if static:
+        assert out.acceptance_stats.drafting == LOOKUP and "left_lookup_at_round" not in reason
+    else:
+        assert out.acceptance_stats.drafting == DRAFT
+        assert reason["left_lookup_at_round"] == drafting_choice.EXPLORE_ROUNDS + 1 + drafting_choice.REVIEW_ROUNDS

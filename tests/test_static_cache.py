@@ -354,7 +354,7 @@ def test_cpu_compile_config_is_what_makes_generate_compile_on_a_cpu(attached):
     cache = StaticCache(config=attached.config, max_cache_len=16)
     config = hf_semspec.cpu_compile_config(fullgraph=False)
     assert config.to_dict() == {**CompileConfig().to_dict(), "backend": "inductor", "mode": None,
-                                "fullgraph": False, "dynamic": False, "options": {"freezing": True}}
+                                "fullgraph": False, "dynamic": False}
     assert compiles_forward(attached, cache, replace_compile_config(attached, config))
     assert not compiles_forward(attached, cache, replace_compile_config(attached, CompileConfig(mode=None)))
 

@@ -56,7 +56,7 @@ from .drafting import DraftBlock, ModelDrafter, greedy_steps
 from .errors import invalid_value
 from .generation_fields import allowed_text, refused_value
 from .model_calls import CachedModel, capture_lm_head_input
-from .drafting_choice import AUTO, DEFAULT_LOOKUP, DRAFT, LOOKUP, MULTI_LEVEL, AutoDrafter, check_drafting, costs_for
+from .drafting_choice import AUTO, DRAFT, LOOKUP, MULTI_LEVEL, AutoDrafter, auto_lookup, check_drafting, costs_for
 from .ngram import NgramDrafter, PromptLookup, RowContexts, check_prompt_lookup
 from .processors import BatchProcessors
 from .rules.base import AcceptanceRule, VerificationInput, VerificationResult
@@ -587,15 +587,10 @@ class _Loop:
         with `drafting="auto"` the two and the choice between them (`AutoDrafter`)."""
         check_generation_config(generation_config, input_ids, rule)
         auto = check_drafting(drafting) == AUTO
-        if auto and assistant_model is None:
-            raise invalid_value(
-                "drafting", drafting, "None without assistant_model ('auto' chooses how a draft model drafts: alone, "
-                "multi-level with prompt lookup, or replaced by prompt lookup)",
-                "pass assistant_model=<draft model>, or drop drafting (prompt lookup alone then drafts)",
-            )
-        prompt_lookup = _prompt_lookup(generation_config, assistant_model, prompt_lookup)
-        if auto and prompt_lookup is None:
-            prompt_lookup = DEFAULT_LOOKUP
+        # ("auto" without a draft model is refused by `auto_lookup`, before `_prompt_lookup` could ask for one)
+        given = None if auto and assistant_model is None else _prompt_lookup(generation_config, assistant_model,
+                                                                             prompt_lookup)
+        prompt_lookup = auto_lookup(drafting, assistant_model, given)
         if prompt_lookup is not None and assistant_model is None:
             rule.check_assistant_model(None)  # a rule that needs a draft model's distribution (rdk) says so
         batch_size = input_ids.shape[0]

@@ -95,6 +95,21 @@ def check_drafting(value: Any, field_name: str = "drafting") -> str | None:
     )
 
 
+def auto_lookup(drafting: str | None, assistant_model, prompt_lookup: PromptLookup | None,
+                field_name: str = "drafting") -> PromptLookup | None:
+    """The lookup a call drafts with: with `drafting="auto"`, `prompt_lookup` or `DEFAULT_LOOKUP` (refused without
+    a draft model, `field_name` naming where "auto" came from); otherwise `prompt_lookup` as given."""
+    if drafting != AUTO:
+        return prompt_lookup
+    if assistant_model is None:
+        raise invalid_value(
+            field_name, drafting, "None without assistant_model ('auto' chooses how a draft model drafts: alone, "
+            "multi-level with prompt lookup, or replaced by prompt lookup)",
+            f"pass assistant_model=<draft model>, or drop {field_name} (prompt lookup alone then drafts)",
+        )
+    return prompt_lookup if prompt_lookup is not None else DEFAULT_LOOKUP
+
+
 @dataclass
 class DraftingCosts:
     """Timings of one pair of models on one machine (seconds), kept per process (`costs_for`): the draft's one-token

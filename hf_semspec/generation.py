@@ -33,7 +33,7 @@ from .draft_length import POLICIES, DraftLengthPolicy
 from .draft_length.base import MAX_DRAFT_TOKENS, default_length
 from .errors import invalid_value
 from .generation_fields import GENERATION_FIELDS, allowed_text
-from .drafting_choice import AUTO, DEFAULT_LOOKUP, check_drafting
+from .drafting_choice import auto_lookup, check_drafting
 from .ngram import PromptLookup, check_prompt_lookup
 from .rules import RULES, AcceptanceRule
 
@@ -233,8 +233,7 @@ def _resolve_drafting(call_value: Any, generation_config: GenerationConfig | Non
     model's, validated (`drafting_choice.check_drafting`, which names that field)."""
     if call_value is not _NOT_GIVEN:
         return check_drafting(call_value, DRAFTING_FIELD), DRAFTING_FIELD
-    for field, value in (
-                         (f"generation_config.{DRAFTING_FIELD}", getattr(generation_config, DRAFTING_FIELD, None)),
+    for field, value in ((f"generation_config.{DRAFTING_FIELD}", getattr(generation_config, DRAFTING_FIELD, None)),
                          (f"model.generation_config.{DRAFTING_FIELD}",
                           getattr(model.generation_config, DRAFTING_FIELD, None))):
         if value is not None:
@@ -425,8 +424,7 @@ def _build_draft_length_policy(
     (`prompt_lookup`, no `assistant_model`), a fixed or initial length is k, `prompt_lookup_num_tokens`, which also
     caps every round. A policy that `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is
     kept per models (the target alone, and k and n, for prompt lookup), `drafting`, rule and options
-    (`_kept_policy`). An
-    instance, or a kept policy, is marked in use: release it after the call."""
+    (`_kept_policy`). An instance, or a kept policy, is marked in use: release it after the call."""
     if isinstance(call_name, DraftLengthPolicy):
         if call_kwargs is not None:
             raise invalid_value(
@@ -949,14 +947,7 @@ def generate(
             "prompt_lookup_num_tokens", kwargs, stock_arguments["generation_config"], model
         )
     drafting, drafting_field = _resolve_drafting(drafting, generation_config, model)
-    if drafting == AUTO and assistant_model is None:
-        raise invalid_value(
-            drafting_field, drafting, "None without assistant_model ('auto' chooses how a draft model drafts: alone, "
-            "multi-level with prompt lookup, or replaced by prompt lookup)",
-            f"pass assistant_model=<draft model>, or drop {drafting_field} (prompt lookup alone then drafts)",
-        )
-    if drafting == AUTO and prompt_lookup is None:
-        prompt_lookup = DEFAULT_LOOKUP
+    prompt_lookup = auto_lookup(drafting, assistant_model, prompt_lookup, drafting_field)
     policy = _build_draft_length_policy(
         draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule, prompt_lookup,
         drafting,

@@ -227,28 +227,28 @@ ATTENTION_OPS = ("scaled_dot_product", "attention", "flash")
 
 def profile_forwards(args) -> dict:
     """One decode step (1 new token) and one verify forward (`--verify-width` tokens) of the target over a cache of
-    `--cached` tokens, four ways: eager; compiled by inductor; compiled with inductor's freezing (the weights folded
-    in and pre-packed: `hf_semspec.cpu_compile_config()`); and the last over a static cache of `--long-cache` slots
-    (the others have `--cached` + 32). Each is timed (median of `--repeats`) and profiled once: time in GEMMs, in
-    attention, in other ops, and the rest of the wall time (Python, dispatch, launches)."""
+    `--cached` tokens, three ways: eager; compiled by inductor (as `hf_semspec.cpu_compile_config()`; with `--freeze`,
+    inductor's freezing: the weights folded in and pre-packed); and the compiled one over a static cache of
+    `--long-cache` slots (the others have `--cached` + 32). Each is timed (median of `--repeats`) and profiled once:
+    time in GEMMs, in attention, in other ops, and the rest of the wall time (Python, dispatch, launches). Freezing
+    is a process-wide inductor switch read when a graph compiles, so frozen and unfrozen profiles are two runs."""
     import torch
     from torch.profiler import ProfilerActivity, profile
     from transformers import StaticCache
 
-    import hf_semspec
     from benchmarks.pypi_models import REFERENCE_PAIR, load_model
     from hf_semspec._transformers_compat import CACHE_ARGUMENT, rewind_cache
 
     torch.set_num_threads(args.threads)
     target, _ = load_model(REFERENCE_PAIR[0], dtype=getattr(torch, args.dtype))
-    compiled = torch.compile(target.forward, **hf_semspec.cpu_compile_config(options=None).to_dict())
-    frozen = torch.compile(target.forward, **hf_semspec.cpu_compile_config().to_dict())
+    # (what `hf_semspec.cpu_compile_config()` compiles with; built here, since that refuses `--freeze`)
+    compiled = torch.compile(target.forward, backend="inductor", mode=None, fullgraph=True, dynamic=False)
     results = {"kind": "cpu-profile", "dtype": args.dtype, "cached": args.cached, "long_cache": args.long_cache,
-               "machine": vllm_bench._machine(args.threads), "forwards": {}}
+               "freezing": args.freeze, "machine": vllm_bench._machine(args.threads), "forwards": {}}
     torch.manual_seed(0)
     prefix = torch.randint(100, 20000, (1, args.cached))
     ways = {"eager": (target.forward, args.cached + 32), "compiled": (compiled, args.cached + 32),
-            "frozen": (frozen, args.cached + 32), f"frozen, {args.long_cache}-slot cache": (frozen, args.long_cache)}
+            f"compiled, {args.long_cache}-slot cache": (compiled, args.long_cache)}
     for way, (forward, slots) in ways.items():
         cache = StaticCache(config=target.config, max_cache_len=slots)
         with torch.no_grad():
@@ -320,6 +320,7 @@ def report(paths: list[Path]) -> str:
     best_vllm = max(speculative_vllm, key=lambda n: _rate(methods[n][1]["rows"]), default=None)
     if best_vllm:
         lines.append(f"- vLLM's best speculative method here: `{best_vllm}`.")
+    lines += _auto_against_fixed(methods)
     lines += ["", "| engine, method | tok/s | × vLLM plain | × vLLM best | τ | identical | drafting (auto) | "
               "warm-up s |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     reference_rows = {} if reference is None else {r["prompt_id"]: r for r in reference[1]["rows"]}
@@ -340,6 +341,31 @@ def report(paths: list[Path]) -> str:
         same = f"{identical}/{len(rows)}" if reference_rows else "—"
         lines[-1] += f"{same} | {chosen or '—'} | {'—' if warmup is None else f'{warmup:.0f}'} |"
     return "\n".join(lines) + "\n"
+
+
+# generate()'s fixed ways of drafting, which `drafting="auto"` chooses among.
+FIXED_DRAFTING = ("generate exact", "generate exact+mla", "generate lookup")
+
+
+def _auto_against_fixed(methods: dict) -> list[str]:
+    """A line comparing `generate auto` with the fastest fixed way of the same run (by all prompts' rate), paired
+    prompt by prompt: the geometric mean of the per-prompt rate ratios, its 95% interval and their range."""
+    from hf_semspec.comparison import geometric_mean_interval
+
+    fixed = [name for name in FIXED_DRAFTING if name in methods]
+    if "generate auto" not in methods or not fixed:
+        return []
+    best = max(fixed, key=lambda name: _rate(methods[name][1]["rows"]))
+    def rate(row: dict) -> float:
+        return len(row["new_token_ids"]) / row["seconds"]
+
+    theirs = {r["prompt_id"]: r for r in methods[best][1]["rows"]}
+    ratios = [rate(r) / rate(theirs[r["prompt_id"]]) for r in methods["generate auto"][1]["rows"]
+              if r["prompt_id"] in theirs]
+    mean, interval = geometric_mean_interval(ratios)
+    spread = "" if interval is None else f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})"
+    return [f"- `generate auto` against the fastest fixed way here, `{best}`, prompt by prompt: {mean:.2f}×"
+            f"{spread}, {min(ratios):.2f}–{max(ratios):.2f}× over {len(ratios)} prompts."]
 
 
 def _rate(rows: list[dict]) -> float:
@@ -368,6 +394,11 @@ def main(argv=None) -> None:
         command.add_argument("--output", type=Path)
         if name not in ("compiled", "profile"):
             command.add_argument("--prompts", default="code", help="gsm8k:START:END, specbench-quick or code")
+        if name == "profile":
+            command.add_argument("--freeze", action="store_true",
+                                 help="set torch._inductor.config.freezing = True before anything compiles: the "
+                                      "compiled forwards fold the weights in and pre-pack them (generate() refuses "
+                                      "it: docs/cpu.md)")
         if name in ("generate", "compiled"):
             command.add_argument("--draft-dtype", choices=("bfloat16", "float32"), default=None,
                                  help="the draft's dtype (default: --dtype)")
@@ -391,12 +422,17 @@ def main(argv=None) -> None:
     if args.command == "report":
         vllm_bench.write_report(report(args.runs), args.output)
         return
+    if getattr(args, "freeze", False):
+        import torch._inductor.config
+
+        torch._inductor.config.freezing = True
     runner = {"vllm": run_vllm, "generate": run_generate, "compiled": compiled_check,
               "profile": profile_forwards}[args.command]
     results = runner(args)
     isa = results["machine"].get("cpu_isa", "cpu").lower().replace(" ", "").replace("-", "")
     label = args.command if args.command in ("compiled", "profile") else f"{args.command}-{_set_label(args.prompts)}"
-    output = args.output or OUTPUT_DIR / f"{label}-{args.dtype}-{isa}-{args.threads}t.json"
+    frozen = "-frozen" if getattr(args, "freeze", False) else ""
+    output = args.output or OUTPUT_DIR / f"{label}-{args.dtype}-{isa}-{args.threads}t{frozen}.json"
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=1))
     print(f"wrote {output}")

@@ -96,7 +96,7 @@ if __package__ in (None, ""):  # run as a script: make `benchmarks` importable f
 import torch  # noqa: E402
 
 from benchmarks import data, markdown, metrics, models, report as machine  # noqa: E402
-from hf_semspec.compare import (  # noqa: E402
+from hf_semspec.comparison import (  # noqa: E402
     REFERENCE,
     STOCK,
     Configuration,

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from hf_semspec.compare import t_quantile_975
+from hf_semspec.comparison import t_quantile_975
 from hf_semspec.stats import AcceptanceStats
 
 # The per-round lists of `AcceptanceStats`: each record keeps its own; summaries over prompts leave them out.
@@ -204,7 +204,7 @@ def ratio_summary(ratios: Sequence[float]) -> dict | None:
     """Median and geometric mean of per-prompt ratios (the geomean is the right mean of ratios: a 2× and a 0.5×
     average to 1×), with min/max/n, the standard error of ln(geomean) (`log_se`) and the 95% interval of the geomean
     it gives, geomean · exp(±t · log_se) with t Student's 97.5% quantile at n − 1 degrees of freedom (`ci95`, None
-    under two ratios: `hf_semspec.compare.t_quantile_975`); None when there are none."""
+    under two ratios: `hf_semspec.comparison.t_quantile_975`); None when there are none."""
     if not ratios:
         return None
     geomean = geometric_mean(ratios)

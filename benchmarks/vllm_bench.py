@@ -202,7 +202,7 @@ def report(paths: list[Path]) -> str:
     import torch
 
     from benchmarks.pypi_models import REFERENCE_PAIR, load_model
-    from hf_semspec.compare import mean_interval, target_nll
+    from hf_semspec.comparison import mean_interval, target_nll
 
     runs = [json.loads(Path(p).read_text()) for p in paths]
     methods = {name: (run, entry) for run in runs for name, entry in run["methods"].items()}

@@ -13,7 +13,7 @@ from ._versions import check_versions
 
 check_versions()  # before anything imports torch or transformers: outside the supported ranges, say so first
 
-from .compare import ComparisonReport, compare  # noqa: E402
+from .comparison import ComparisonReport, compare  # noqa: E402
 from .decoding import SpeculativeDecoderOnlyOutput, cpu_compile_config, speculative_decode  # noqa: E402
 from .draft_length import DraftLengthPolicy, available_draft_length_policies, register_policy  # noqa: E402
 from .drafting_choice import forget_drafting_costs  # noqa: E402

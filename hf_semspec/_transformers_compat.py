@@ -5,8 +5,9 @@ _from_model_config` (below), `GenerationConfig._mask_length` (the length of a pa
 dropped for being all ones), the cache layers' `record_past` flag (turned off before the cache is returned, as
 transformers does: it has no public switch), and, to save a model loaded from GGUF, `PreTrainedModel.hf_quantizer` and
 `config.quantization_config`, and `GenerationConfig._get_default_generation_params()` (`transformers_default`). One
-private behaviour is mirrored: the order in which `_prepare_generation_config`
-resolves `do_sample` (`resolved_do_sample`). Everything else the package uses is public:
+private behaviour is mirrored, in `hf_semspec.call_fields`: the order in which `_prepare_generation_config` merges a
+call into a passed and the model's config (`CallFields.merged`, pinned here on `do_sample`). Everything else the
+package uses is public:
 `GenerationMixin.generate(custom_generate=<callable>)`, `GenerationConfig`, `LogitsProcessorList`,
 `StoppingCriteriaList` with `EosTokenCriteria.eos_token_id`, `DynamicCache` (`crop` with a negative count,
 `get_seq_length`, `activate_past_recording`), `GenerateDecoderOnlyOutput` and the models' `forward`, whose cache
@@ -112,18 +113,6 @@ def passed_mask_length(generation_config: GenerationConfig, attention_mask, inpu
     if attention_mask is not None:
         return attention_mask.shape[1]
     return getattr(generation_config, "_mask_length", input_length)
-
-
-def resolved_do_sample(kwargs: dict, generation_config: GenerationConfig | None, model) -> bool:
-    """`do_sample` as `generate()` will resolve it (`GenerationMixin._prepare_generation_config`), known before the call
-    starts: the call's keyword, else the passed `generation_config`'s, else `model.generation_config`'s, else False
-    (transformers' global default). A `do_sample=None` in the call counts: transformers then decodes greedily."""
-    if "do_sample" in kwargs:
-        return bool(kwargs["do_sample"])
-    for value in (getattr(generation_config, "do_sample", None), model.generation_config.do_sample):
-        if value is not None:
-            return bool(value)
-    return False
 
 
 def compiles_forward(model, cache: Cache, generation_config: GenerationConfig) -> bool:

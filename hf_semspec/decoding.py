@@ -52,7 +52,8 @@ from ._transformers_compat import (
 from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy, RoundOutcome
 from .draft_length.base import UNSET_LENGTH_FALLBACK
-from .drafting import DraftBlock, ModelDrafter, greedy_steps
+from .draft_block import DraftBlock
+from .drafting import ModelDrafter, greedy_steps
 from .errors import invalid_value
 from .generation_fields import allowed_text, refused_value
 from .model_calls import CachedModel, capture_lm_head_input
@@ -210,13 +211,35 @@ def cpu_compile_config(**options) -> CompileConfig:
             cache keeps its shape; pass `max_cache_len` to `generate()` to keep one cache, and its graphs, across
             prompts of different lengths).
 
-    The matrix products are where a CPU decode step spends its time, and inductor's freezing (the weights folded in
-    and pre-packed for oneDNN) makes them cheaper: the 1.5B target's bf16 step on one AVX-512 BF16 core took 254 ms
-    with `torch._inductor.config.freezing = True` set before the first call, against 435 ms eager; passed per call
-    (`options={"freezing": True}`) it took 372 ms (docs/cpu.md).
+    Inductor's freezing (`torch._inductor.config.freezing = True`, or `options={"freezing": True}`) is refused
+    (`check_no_freezing`): it folds the static caches into the graph (docs/cpu.md).
     """
-    return compiling_off_gpus(CompileConfig(**{"backend": "inductor", "mode": None, "fullgraph": True,
-                                               "dynamic": False, **options}))
+    config = compiling_off_gpus(CompileConfig(**{"backend": "inductor", "mode": None, "fullgraph": True,
+                                                 "dynamic": False, **options}))
+    check_no_freezing(config)
+    return config
+
+
+def check_no_freezing(compile_config: CompileConfig | None) -> None:
+    """Refuses inductor's freezing where `generate()` compiles a static cache's forward. Freezing treats the tensors
+    a graph was compiled with as constants, and a static cache's tensors are among them: on a tiny Llama the second
+    call, with another prompt length, decoded other tokens than eager decoding and the third failed (an index out of
+    bounds in the cache's write); the reference pair's second call failed the same way (docs/cpu.md). Checked where
+    the loop compiles and in `cpu_compile_config()`; transformers' own compiled plain decoding is not checked."""
+    config = compile_config if compile_config is not None else CompileConfig()
+    if config.backend != "inductor":
+        return
+    options = config.options or {}
+    import torch._inductor.config as inductor_config
+
+    field = "compile_config.options['freezing']" if "freezing" in options else "torch._inductor.config.freezing"
+    if options.get("freezing", inductor_config.freezing):
+        raise invalid_value(
+            field, True,
+            "False when generate() compiles a static cache's forward (freezing folds the cache's tensors into the "
+            "graph: a later call decodes wrong tokens or fails)",
+            "set torch._inductor.config.freezing = False and drop options={'freezing': True}, or drop compile_config",
+        )
 
 
 def compiled_forward(model: torch.nn.Module, compile_config) -> Callable:
@@ -382,6 +405,9 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
                 "pass cache_implementation='dynamic'",
             )
     compile_config = generation_config.compile_config
+    if (not capture_hidden and compiles_forward(model, target_cache, generation_config)) or (
+            assistant_model is not None and compiles_forward(assistant_model, draft_cache, generation_config)):
+        check_no_freezing(compile_config)  # (before anything compiles)
     compiled_target = None
     if not capture_hidden and compiles_forward(model, target_cache, generation_config):
         target_compile_config = compile_config
@@ -443,100 +469,145 @@ def speculative_decode(
         `torch.LongTensor` of shape `(batch, total_length)`, rows that ended early padded with the pad token.
     """
     # 0. Set-up: transformers prepared the target's cache and the mask; the loop owns the draft's cache.
-    loop = _Loop.set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
-                        rule, draft_length, streamer, model_kwargs, prompt_lookup, drafting)
-    batch, target, drafter = loop.batch, loop.target, loop.drafter
+    loop = _set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model, rule,
+                   draft_length, streamer, model_kwargs, prompt_lookup, drafting)
     first_round = True  # its forwards also prefill the prompt
-
-    while batch.rows:
-        round_start = time.perf_counter()
-
-        # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens and the
-        #    row with the most room left must stay within max_length (and, on static caches, within their slots);
-        #    dynamic buffers grow first. A per-token policy may stop earlier.
-        wanted = draft_length.max_tokens()
-        budget = round_budget(wanted, batch.room(loop.max_length),
-                              batch.slot_capacity - batch.num_slots if loop.static else None,
-                              holes=loop.static and batch.size > 1)
-        # (A multi-level step writes its candidates within the budget on dynamic caches; on static ones its block is
-        # always k wide and may pass the budget: within the caches' slots, which the step checks, and in the token
-        # layout, which keeps k more.)
-        batch.reserve(batch.num_slots + budget)
-        batch.reserve_tokens(max(batch.lengths) + budget + 1 + (drafter.extra_slots if loop.static else 0))
-        draft = drafter.draft(batch, budget, draft_length, cut_short=budget < wanted)
-        gamma = draft.num_tokens
-
-        # 2. One target forward over the unseen slots and the drafts: logits for the γ + 1 verified positions.
-        target_logits, hidden = _target_forward(
-            target, batch, batch.num_slots + gamma, gamma + 1, loop.capture_hidden, **loop.forward_kwargs
-        )
-
-        # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
-        with record_function("hf_semspec.logits_processors"):
-            processed = loop.processors(batch, target_logits, 0)
-
-        # 4. Verify, each row as it would be alone (its own γ where max_length is nearer for it than for the batch).
-        inputs = loop.verification_input(draft, processed, hidden)
-        with record_function("hf_semspec.verify"):
-            result = loop.verify(rule, inputs)
-
-        # 5. The round's one host sync: accepted counts, next tokens and drafts of every row (and the drafts that
-        #    passed the rule's own test, when the rule has a deferred window); each row is cut at EOS, max_length and
-        #    other stopping criteria (`settle_row`), then the policy learns from the round.
-        matched = [] if result.num_matched is None else [result.num_matched]
-        with record_function("hf_semspec.sync"):  # (on a GPU: where the host waits for the round's device work)
-            synced = torch.cat([result.num_accepted, result.next_token, *matched, draft.tokens.flatten()]).tolist()
-        size = batch.size
-        accepted, next_tokens = synced[:size], synced[size : 2 * size]
-        num_matched = synced[2 * size : 3 * size] if matched else [None] * size
-        drafted = synced[(2 + len(matched)) * size :]
-        seconds = time.perf_counter() - round_start
-        kept, finished, outcomes = [0] * size, [], []
-        for i in (i for i in range(size) if batch.decoding[i]):
-            emitted = drafted[i * gamma : i * gamma + accepted[i]] + [next_tokens[i]]
-            kept[i], ends, outcome = loop.settle_row(
-                i, emitted, accepted[i], num_matched[i], inputs.draft_limits, draft, result.next_token, processed,
-                target_logits,
-            )
-            drafter.append_tokens(batch.rows[i], emitted[: kept[i]])  # (prompt lookup's copy of the row's context)
-            outcomes.append(outcome)
-            if ends:
-                finished.append(i)
-        draft_length.observe(_round_outcome(outcomes, seconds, first_round))
+    while loop.batch.rows and _decode_round(loop, draft_length, streamer, first_round):
         first_round = False
-
-        # 6. Append, stream, and roll both caches back to the slots the rows still need: through each row's accepted
-        #    drafts (the others' rejected ones become holes), but the last token, which is not cached yet (a
-        #    finished single row: its output but the last token, what a continuation from the returned cache expects).
-        batch.commit(result.num_accepted, result.next_token, accepted, kept)
-        if streamer is not None:
-            streamer.put(batch.prefix(0, 0)[:, -kept[0]:].cpu())
-        if size == 1 and finished:
-            target.rewind(batch.lengths[0] - 1)
-        else:
-            target.rewind(batch.num_slots - 1)
-
-        # 7. Finished rows leave (with a static cache they stay, masked, for its fixed shape).
-        for i in finished:
-            loop.records[batch.rows[i]].sequence = batch.prefix(i, 0)[0].clone()
-            if loop.static:
-                batch.finish(i)
-        if loop.static:
-            if not any(batch.decoding):
-                break
-        elif finished:
-            index = batch.keep_rows([i for i in range(size) if i not in finished])
-            if batch.rows:
-                target.keep_rows(index)
-                drafter.keep_rows(index)
-
     if streamer is not None:
         streamer.end()
-    if isinstance(drafter, AutoDrafter):
-        reason = drafter.explained()
-        for row, record in enumerate(loop.records):
-            record.stats.drafting, record.stats.drafting_reason = drafter.drafting_of(row), reason
-    return loop.outputs(generation_config)
+    loop.records.note_drafting(loop.models.drafter)
+    return loop.records.outputs(generation_config, loop.models, loop.stops)
+
+
+def _decode_round(loop: "_Loop", draft_length: DraftLengthPolicy, streamer, first_round: bool) -> bool:
+    """One round, steps 1–7 of the module docstring. False where a static cache's rows have all finished (they stay
+    in the batch, masked); on dynamic caches finished rows leave, and the loop ends with `batch.rows` empty."""
+    batch, models, stops = loop.batch, loop.models, loop.stops
+    target, drafter, static = models.target, models.drafter, models.static
+    round_start = time.perf_counter()
+
+    # 1. Draft γ tokens: up to the policy's budget, capped because a round emits at most γ + 1 tokens and the row
+    #    with the most room left must stay within max_length (and, on static caches, within their slots); dynamic
+    #    buffers grow first. A per-token policy may stop earlier.
+    wanted = draft_length.max_tokens()
+    budget = round_budget(wanted, batch.room(stops.max_length),
+                          batch.slot_capacity - batch.num_slots if static else None, holes=static and batch.size > 1)
+    # (A multi-level step writes its candidates within the budget on dynamic caches; on static ones its block is
+    # always k wide and may pass the budget: within the caches' slots, which the step checks, and in the token
+    # layout, which keeps k more.)
+    batch.reserve(batch.num_slots + budget)
+    batch.reserve_tokens(max(batch.lengths) + budget + 1 + (drafter.extra_slots if static else 0))
+    draft = drafter.draft(batch, budget, draft_length, cut_short=budget < wanted)
+    gamma = draft.num_tokens
+
+    # 2. One target forward over the unseen slots and the drafts: logits for the γ + 1 verified positions.
+    target_logits, hidden = _target_forward(
+        target, batch, batch.num_slots + gamma, gamma + 1, models.capture_hidden, **models.forward_kwargs
+    )
+
+    # 3. Logits processors, each position seeing the prefix it extends (as in plain decoding).
+    with record_function("hf_semspec.logits_processors"):
+        processed = loop.verifier.processors(batch, target_logits, 0)
+
+    # 4. Verify, each row as it would be alone (its own γ where max_length is nearer for it than for the batch).
+    inputs = loop.verifier.inputs(draft, processed, hidden, batch, stops.max_length)
+    with record_function("hf_semspec.verify"):
+        result = loop.verifier.verify(inputs)
+
+    # 5. The round's one host sync: accepted counts, next tokens and drafts of every row (and the drafts that passed
+    #    the rule's own test, when the rule has a deferred window); each row is cut at EOS, max_length and other
+    #    stopping criteria (`_settle_row`), then the policy learns from the round.
+    matched = [] if result.num_matched is None else [result.num_matched]
+    with record_function("hf_semspec.sync"):  # (on a GPU: where the host waits for the round's device work)
+        synced = torch.cat([result.num_accepted, result.next_token, *matched, draft.tokens.flatten()]).tolist()
+    size = batch.size
+    accepted, next_tokens = synced[:size], synced[size : 2 * size]
+    num_matched = synced[2 * size : 3 * size] if matched else [None] * size
+    drafted = synced[(2 + len(matched)) * size :]
+    seconds = time.perf_counter() - round_start
+    kept, finished, outcomes = [0] * size, [], []
+    for i in (i for i in range(size) if batch.decoding[i]):
+        emitted = drafted[i * gamma : i * gamma + accepted[i]] + [next_tokens[i]]
+        kept[i], ends, outcome = _settle_row(
+            loop, i, emitted, accepted[i], num_matched[i], inputs.draft_limits, draft, result.next_token, processed,
+            target_logits,
+        )
+        drafter.append_tokens(batch.rows[i], emitted[: kept[i]])  # (prompt lookup's copy of the row's context)
+        outcomes.append(outcome)
+        if ends:
+            finished.append(i)
+    draft_length.observe(_round_outcome(outcomes, seconds, first_round))
+
+    # 6. Append, stream, and roll both caches back to the slots the rows still need: through each row's accepted
+    #    drafts (the others' rejected ones become holes), but the last token, which is not cached yet (a finished
+    #    single row: its output but the last token, what a continuation from the returned cache expects).
+    batch.commit(result.num_accepted, result.next_token, accepted, kept)
+    if streamer is not None:
+        streamer.put(batch.prefix(0, 0)[:, -kept[0]:].cpu())
+    target.rewind(batch.lengths[0] - 1 if size == 1 and finished else batch.num_slots - 1)
+
+    # 7. Finished rows leave (with a static cache they stay, masked, for its fixed shape).
+    for i in finished:
+        loop.records.rows[batch.rows[i]].sequence = batch.prefix(i, 0)[0].clone()
+        if static:
+            batch.finish(i)
+    if static:
+        return any(batch.decoding)
+    if finished:
+        index = batch.keep_rows([i for i in range(size) if i not in finished])
+        if batch.rows:
+            target.keep_rows(index)
+            drafter.keep_rows(index)
+    return True
+
+
+def _settle_row(loop: "_Loop", i: int, emitted: list[int], accepted: int, num_matched: int | None,
+                draft_limits: tuple[int, ...] | None, draft: DraftBlock, next_token: torch.LongTensor,
+                processed: torch.FloatTensor, target_logits: torch.FloatTensor) -> tuple[int, bool, RoundOutcome]:
+    """Step 5 for row `i` (an index into the current rows), which accepted `accepted` of the round's γ drafts
+    (`draft`; of its `draft_limits[i]`, where given) and would add `emitted` (those drafts and its next token): the
+    tokens it keeps, cut at its first EOS, at `max_length` and where another stopping criterion fires (checked after
+    each token, as plain decoding does); whether it finishes; and its round for the draft-length policy. Records its
+    statistics (the drafts it could use, as alone, the draft model's forwards of the round, and whether its prompt
+    lookup found drafts it could use) and, when returned, its scores.
+    """
+    batch, stops, records = loop.batch, loop.stops, loop.records
+    gamma = draft.num_tokens
+    usable = gamma if draft_limits is None else draft_limits[i]
+    length = batch.lengths[i]
+    # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
+    # transformers lets set a max_length at or below the prompt's length).
+    keep = max(1, min(len(emitted), stops.max_length - length))
+    eos_at = next((j for j, token in enumerate(emitted[:keep]) if token in stops.eos_ids), None)
+    if eos_at is not None:
+        keep = eos_at + 1
+    record = records.rows[batch.rows[i]]
+    stop_at = None
+    if stops.called:  # (calling them is the user's cost, only when given)
+        new_tokens = torch.cat([draft.tokens[i : i + 1, :accepted], next_token[i : i + 1, None]], dim=1)
+        stop_at = _first_stop(
+            stops.called, batch.prefix(i, 0), new_tokens[:, :keep],
+            _scores_so_far(record) if records.keep_scores else None, processed[i : i + 1],
+        )
+    if stop_at is not None:
+        keep = stop_at + 1
+    ends = eos_at is not None or stop_at is not None or length + keep >= stops.max_length
+    record.stats.record_round(usable, accepted, keep, num_draft_forwards=draft.num_forwards,
+                              ngram_hit=draft.num_per_row is not None and usable > 0,
+                              num_ngram_drafts=sum(draft.from_ngram[:usable]) if draft.from_ngram else 0)
+    if records.keep_scores:
+        record.scores.extend(processed[i, :keep])
+    if records.keep_logits:
+        record.logits.extend(target_logits[i, :keep])
+    # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they do not
+    # count as accepted, even where the target agrees with them, and a round cut among its accepted drafts saw no
+    # rejection (`cut`: its tokens are `keep`, not accepted + 1).
+    outcome = RoundOutcome(
+        usable, min(accepted, keep), 0.0,
+        num_matched=None if num_matched is None else min(num_matched, keep), cut=keep <= accepted,
+    )
+    return keep, ends, outcome
 
 
 def _round_outcome(rows: list[RoundOutcome], seconds: float, first_round: bool) -> RoundOutcome:
@@ -553,189 +624,46 @@ def _round_outcome(rows: list[RoundOutcome], seconds: float, first_round: bool) 
                         num_matched=median.num_matched, cut=median.cut)
 
 
-@dataclass
-class _Loop:
-    """What the set-up (step 0) prepares for the rounds, and the host's records of each row (the caller's order)."""
+# The state the set-up prepares and the rounds share, one small dataclass per concern.
 
-    batch: DecodingBatch
+
+@dataclass
+class _Models:
+    """The models as the rounds call them: the target's cached (maybe compiled) forward and its cache, the drafter
+    (the draft model's, prompt lookup's, or "auto"'s choice between them), and the forward's other inputs."""
+
     target: CachedModel
     drafter: ModelDrafter | NgramDrafter | AutoDrafter
-    processors: BatchProcessors
     target_cache: Any
     static: bool
-    max_length: int
-    eos_ids: set[int]
-    called_stopping_criteria: StoppingCriteriaList  # the criteria called on each prefix (not EOS, not max length)
-    capture_hidden: bool
-    lm_head: torch.nn.Module | None
-    do_sample: bool
+    capture_hidden: bool  # the rule reads the target's hidden states (the LM head's input)
     forward_kwargs: dict
-    records: list[_RowRecord]
-    keep_scores: bool
-    keep_logits: bool
-    # The rule's verification compiled (`compiled_verification`) where the loop compiles the target's forward, for
-    # greedy rounds of `verification_gamma` drafts; None: the rule's own `verify`, eager.
+
+
+@dataclass
+class _Verifier:
+    """Steps 3 and 4: the logits processors, and the rule's verification, compiled (`compiled_verification`) where
+    the loop compiles the target's forward, for greedy rounds of `verification_gamma` drafts; None: the rule's own
+    `verify`, eager."""
+
+    rule: AcceptanceRule
+    processors: BatchProcessors
+    do_sample: bool
+    lm_head: torch.nn.Module | None
     verification: Callable | None = None
     verification_gamma: int | None = None
 
-    @classmethod
-    def set_up(cls, model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
-               rule: AcceptanceRule, draft_length: DraftLengthPolicy, streamer, model_kwargs: dict,
-               prompt_lookup: PromptLookup | None = None, drafting: str | None = None) -> "_Loop":
-        """Checks what the loop cannot run, then builds the caches (static ones for `cache_implementation="static"`),
-        the batch, the models' cached forwards and the drafter: the draft model's, prompt lookup's without one, or
-        with `drafting="auto"` the two and the choice between them (`AutoDrafter`)."""
-        check_generation_config(generation_config, input_ids, rule)
-        auto = check_drafting(drafting) == AUTO
-        # ("auto" without a draft model is refused by `auto_lookup`, before `_prompt_lookup` could ask for one)
-        given = None if auto and assistant_model is None else _prompt_lookup(generation_config, assistant_model,
-                                                                             prompt_lookup)
-        prompt_lookup = auto_lookup(drafting, assistant_model, given)
-        if prompt_lookup is not None and assistant_model is None:
-            rule.check_assistant_model(None)  # a rule that needs a draft model's distribution (rdk) says so
-        batch_size = input_ids.shape[0]
-        target_cache = model_kwargs[CACHE_ARGUMENT]
-        static = generation_config.cache_implementation == "static"
-        if not static and not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
-            raise invalid_value(
-                CACHE_ARGUMENT, type(target_cache).__name__,
-                "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one; "
-                "cache_implementation='static' for a static one)",
-                f"pass {CACHE_ARGUMENT}=DynamicCache(...) or leave it out",
-            )
-        attention_mask = model_kwargs.get("attention_mask")
-        cached = 0 if static else target_cache.get_seq_length()
-        _check_continuation(generation_config, input_ids, attention_mask, cached)
-        if streamer is not None and batch_size != 1:
-            raise invalid_value(
-                "streamer", type(streamer).__name__, "None with several prompts (a streamer follows one sequence)",
-                "drop the streamer, or call generate() once per prompt",
-            )
-        forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
-        do_sample = bool(generation_config.do_sample)
-        eos_ids, max_length, called_stopping_criteria = _split_stopping_criteria(
-            stopping_criteria, generation_config.max_length
-        )
-        capture_hidden = rule.requires_target_hidden_states
-        typical_length, compiled_gamma = _typical_length(draft_length), _compiled_gamma(draft_length)
-        if static:
-            capacity, target_cache, draft_cache, compiled_target, compiled_draft = _static_caches(
-                model, assistant_model, target_cache, generation_config, input_ids, max_length,
-                typical_length, capture_hidden,
-            )
-        else:
-            target_cache.activate_past_recording()  # sliding-window / linear-attention layers must roll back
-            capacity, draft_cache, compiled_target, compiled_draft = input_ids.shape[1] + 64, None, None, None
-        processors = BatchProcessors(logits_processor, batch_size)
-        # A compiled verify forward has one shape: γ + 1 slots at the policy's length (shorter rounds, near max_length
-        # or with a policy that varies γ, re-feed cached slots to keep it; longer ones compile their own).
-        verify_width = typical_length + 1 if compiled_target is not None else None
-        target = CachedModel(model, target_cache, compiled=compiled_target, static=static, min_width=verify_width)
-        target.cached = cached
-        vocab_size = model.config.get_text_config().vocab_size
-        return_probs = do_sample or rule.requires_draft_probs
-        # Prompt lookup alone: without a draft model, or as one of "auto"'s ways where the rule verifies lookup's
-        # drafts as it verifies the draft model's (lossless: the same text; a lossy rule accepts other drafts).
-        lookup_drafter = None
-        if prompt_lookup is not None and (assistant_model is None or (
-                auto and rule.lossless and not rule.redistributes_draft)):
-            lookup_drafter = NgramDrafter(
-                input_ids, attention_mask, prompt_lookup, return_probs=return_probs, vocab_size=vocab_size,
-                output_device=input_ids.device, stop_token_ids=frozenset(eos_ids), fixed_length=static,
-            )
-        if assistant_model is None:
-            drafter, drafting = lookup_drafter, LOOKUP
-        else:
-            drafter = ModelDrafter(
-                assistant_model,
-                processors,
-                do_sample=do_sample and not rule.greedy_drafts,
-                return_probs=return_probs,
-                output_device=input_ids.device,
-                vocab_size=vocab_size,
-                redistribute=rule.redistributes_draft,
-                stop_token_ids=frozenset(eos_ids),
-                cache=draft_cache,
-                compiled=compiled_draft,
-                contexts=None if prompt_lookup is None else RowContexts(
-                    input_ids, attention_mask, prompt_lookup, stop_token_ids=frozenset(eos_ids)
-                ),
-                # (the drafter uses it where its rounds allow: greedy drafts, no processors, no q kept, no lookup)
-                compiled_round=None if compiled_draft is None else compiled_round(generation_config.compile_config),
-                round_width=compiled_gamma,
-            )
-            drafting = MULTI_LEVEL if prompt_lookup is not None else DRAFT
-            if auto:
-                costs = costs_for(model, assistant_model, prompt_lookup, static, compiled=compiled_draft is not None,
-                                  batch_size=batch_size, gamma=typical_length)
-                drafter = AutoDrafter(drafter, lookup_drafter, costs, input_ids.device, leaves_lookup=not static)
-                drafting = None  # (what it chooses, once it has)
-        if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
-            caches = [("model", target_cache)]
-            if assistant_model is not None:
-                caches.append(("assistant_model", drafter.cache))
-            for field, cache in caches:
-                if _has_sliding_layers(cache):
-                    raise invalid_value(
-                        "input_ids.shape[0] (batch size)", batch_size,
-                        f"1 when {field} has sliding-window layers (a batch keeps rejected drafts in the caches as "
-                        "masked slots, which a sliding window would count against its width)",
-                        "call generate() once per prompt",
-                    )
-        draft_length.set_deferred_window(rule.deferred_window)
-        return_dict = generation_config.return_dict_in_generate
-        return cls(
-            batch=DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static,
-                                max_position=max_length - 1),
-            target=target,
-            drafter=drafter,
-            processors=processors,
-            target_cache=target_cache,
-            static=static,
-            max_length=max_length,
-            eos_ids=eos_ids,
-            called_stopping_criteria=called_stopping_criteria,
-            capture_hidden=capture_hidden,
-            lm_head=model.get_output_embeddings() if capture_hidden else None,
-            do_sample=do_sample,
-            forward_kwargs=forward_kwargs,
-            records=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options(),
-                                                drafting=drafting), [], []) for _ in range(batch_size)],
-            keep_scores=bool(return_dict and generation_config.output_scores),
-            keep_logits=bool(return_dict and generation_config.output_logits),
-            # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)
-            verification=compiled_verification(generation_config.compile_config) if (
-                compiled_target is not None and not do_sample and rule.compiles_verification
-                and compiled_gamma is not None
-            ) else None,
-            verification_gamma=compiled_gamma,
-        )
-
-    def verify(self, rule: AcceptanceRule, inputs: VerificationInput) -> VerificationResult:
-        """Step 4: `rule.verify(inputs)`, in one call of the compiled verification where the loop has one (greedy, the
-        target's forward compiled, a rule that `compiles_verification`: not one that reads hidden states, whose target
-        stays eager) and the round has its γ with no per-row limit (a row near its `max_length`, a lookup that found
-        fewer drafts); other rounds, near the end of a call or at a policy's other lengths, verify eagerly (no graph
-        compiled mid-call)."""
-        if (self.verification is None or inputs.draft_limits is not None
-                or inputs.num_draft_tokens != self.verification_gamma):
-            return rule.verify(inputs)
-        probs = inputs.draft_probs if rule.requires_draft_probs else None  # (greedy: only a rule that reads q)
-        return VerificationResult(*self.verification(rule, inputs.draft_token_ids, inputs.target_logits, probs))
-
-    def verification_input(self, draft: DraftBlock, processed: torch.FloatTensor,
-                           hidden: torch.FloatTensor | None) -> VerificationInput:
+    def inputs(self, draft: DraftBlock, processed: torch.FloatTensor, hidden: torch.FloatTensor | None,
+               batch: DecodingBatch, max_length: int) -> VerificationInput:
         """The rule's inputs for this round. A row whose `max_length` is nearer than the batch's longest row's (whose
         room set γ) may use only the drafts it would have made alone (`draft_limit`), so that its text, and the
         draws of a rule that keeps state per row (`row_ids`), are the ones it gets alone. A row whose prompt lookup
         found fewer drafts than γ (`draft.num_per_row`) is likewise verified on its own drafts only: the padding
         after them is never accepted, and the position after its last draft gives its bonus token."""
         gamma = draft.num_tokens
-        found = draft.num_per_row if draft.num_per_row is not None else (gamma,) * self.batch.size
-        limits = [
-            min(gamma, own, max(0, self.max_length - length - 1)) for length, own in zip(self.batch.lengths, found)
-        ]
-        short = any(limit < gamma for limit, decoding in zip(limits, self.batch.decoding) if decoding)
+        found = draft.num_per_row if draft.num_per_row is not None else (gamma,) * batch.size
+        limits = [min(gamma, own, max(0, max_length - length - 1)) for length, own in zip(batch.lengths, found)]
+        short = any(limit < gamma for limit, decoding in zip(limits, batch.decoding) if decoding)
         return VerificationInput(
             draft_token_ids=draft.tokens,
             target_logits=processed,
@@ -745,64 +673,59 @@ class _Loop:
             lm_head_bias=None if self.lm_head is None else getattr(self.lm_head, "bias", None),
             do_sample=self.do_sample,
             draft_limits=tuple(limits) if short else None,
-            row_ids=tuple(self.batch.rows),
+            row_ids=tuple(batch.rows),
         )
 
-    def settle_row(self, i: int, emitted: list[int], accepted: int, num_matched: int | None,
-                   draft_limits: tuple[int, ...] | None, draft: DraftBlock, next_token: torch.LongTensor,
-                   processed: torch.FloatTensor, target_logits: torch.FloatTensor) -> tuple[int, bool, RoundOutcome]:
-        """Step 5 for row `i` (an index into the current rows), which accepted `accepted` of the round's γ drafts
-        (`draft`; of its `draft_limits[i]`, where given) and would add `emitted` (those drafts and its next token):
-        the tokens it keeps, cut at its first EOS, at `max_length` and where another stopping criterion fires
-        (checked after each token, as plain decoding does); whether it finishes; and its round for the draft-length
-        policy. Records its statistics (the drafts it could use, as alone, the draft model's forwards of the round,
-        and whether its prompt lookup found drafts it could use) and, when returned, its scores.
-        """
-        gamma = draft.num_tokens
-        usable = gamma if draft_limits is None else draft_limits[i]
-        length = self.batch.lengths[i]
-        # At least one token, as plain decoding appends one before it checks a user's MaxLengthCriteria (which
-        # transformers lets set a max_length at or below the prompt's length).
-        keep = max(1, min(len(emitted), self.max_length - length))
-        eos_at = next((j for j, token in enumerate(emitted[:keep]) if token in self.eos_ids), None)
-        if eos_at is not None:
-            keep = eos_at + 1
-        record = self.records[self.batch.rows[i]]
-        stop_at = None
-        if self.called_stopping_criteria:  # (calling them is the user's cost, only when given)
-            new_tokens = torch.cat([draft.tokens[i : i + 1, :accepted], next_token[i : i + 1, None]], dim=1)
-            stop_at = _first_stop(
-                self.called_stopping_criteria, self.batch.prefix(i, 0), new_tokens[:, :keep],
-                _scores_so_far(record) if self.keep_scores else None, processed[i : i + 1],
-            )
-        if stop_at is not None:
-            keep = stop_at + 1
-        ends = eos_at is not None or stop_at is not None or length + keep >= self.max_length
-        record.stats.record_round(usable, accepted, keep, num_draft_forwards=draft.num_forwards,
-                                  ngram_hit=draft.num_per_row is not None and usable > 0,
-                                  num_ngram_drafts=sum(draft.from_ngram[:usable]) if draft.from_ngram else 0)
-        if self.keep_scores:
-            record.scores.extend(processed[i, :keep])
-        if self.keep_logits:
-            record.logits.extend(target_logits[i, :keep])
-        # The policy learns from what the round delivered: drafts after an EOS or a stop are not output, so they do
-        # not count as accepted, even where the target agrees with them, and a round cut among its accepted drafts
-        # saw no rejection (`cut`: its tokens are `keep`, not accepted + 1).
-        outcome = RoundOutcome(
-            usable, min(accepted, keep), 0.0,
-            num_matched=None if num_matched is None else min(num_matched, keep), cut=keep <= accepted,
-        )
-        return keep, ends, outcome
+    def verify(self, inputs: VerificationInput) -> VerificationResult:
+        """Step 4: `rule.verify(inputs)`, in one call of the compiled verification where the loop has one (greedy,
+        the target's forward compiled, a rule that `compiles_verification`: not one that reads hidden states, whose
+        target stays eager) and the round has its γ with no per-row limit (a row near its `max_length`, a lookup
+        that found fewer drafts); other rounds, near the end of a call or at a policy's other lengths, verify
+        eagerly (no graph compiled mid-call)."""
+        rule = self.rule
+        if (self.verification is None or inputs.draft_limits is not None
+                or inputs.num_draft_tokens != self.verification_gamma):
+            return rule.verify(inputs)
+        probs = inputs.draft_probs if rule.requires_draft_probs else None  # (greedy: only a rule that reads q)
+        return VerificationResult(*self.verification(rule, inputs.draft_token_ids, inputs.target_logits, probs))
 
-    def outputs(self, generation_config: GenerationConfig) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
+
+@dataclass
+class _Stops:
+    """When a row ends: at one of `eos_ids`, at `max_length`, or where one of the `called` criteria (neither EOS nor
+    a length: a stop string, a user's criterion) fires on a prefix."""
+
+    max_length: int
+    eos_ids: set[int]
+    called: StoppingCriteriaList
+
+
+@dataclass
+class _Records:
+    """The host's records of each row, in the caller's order: statistics, the scores and logits `generate()`
+    returns (`keep_scores`, `keep_logits`), and the output once the row finishes."""
+
+    rows: list[_RowRecord]
+    keep_scores: bool
+    keep_logits: bool
+
+    def note_drafting(self, drafter) -> None:
+        """With `drafting="auto"`, what each row drafted with and why, in its statistics."""
+        if isinstance(drafter, AutoDrafter):
+            reason = drafter.explained()
+            for row, record in enumerate(self.rows):
+                record.stats.drafting, record.stats.drafting_reason = drafter.drafting_of(row), reason
+
+    def outputs(self, generation_config: GenerationConfig, models: _Models, stops: _Stops
+                ) -> SpeculativeDecoderOnlyOutput | torch.LongTensor:
         """What `generate()` returns: the sequences, right-padded as transformers pads rows that ended early, and
         with `return_dict_in_generate` the scores, logits, cache and statistics."""
-        if not self.static:
-            stop_past_recording(self.target_cache)
-        records = self.records
+        if not models.static:
+            stop_past_recording(models.target_cache)
+        records = self.rows
         sequences = _padded(
             [record.sequence for record in records],
-            pad_token_id(generation_config, fallback=min(self.eos_ids, default=0)),
+            pad_token_id(generation_config, fallback=min(stops.eos_ids, default=0)),
         )
         if not generation_config.return_dict_in_generate:
             return sequences
@@ -811,10 +734,162 @@ class _Loop:
             scores=_step_outputs([r.scores for r in records]) if self.keep_scores else None,
             logits=_step_outputs([r.logits for r in records]) if self.keep_logits else None,
             # With several rows the caches hold holes and rows that left: nothing a continuation could use.
-            **{CACHE_ARGUMENT: self.target_cache if len(records) == 1 else None},
+            **{CACHE_ARGUMENT: models.target_cache if len(records) == 1 else None},
             acceptance_stats=AcceptanceStats.of_batch([record.stats for record in records]),
             acceptance_stats_per_row=[record.stats for record in records],
         )
+
+
+@dataclass
+class _Loop:
+    """What the set-up (step 0) prepares for the rounds: the batch, and one part per concern."""
+
+    batch: DecodingBatch
+    models: _Models
+    verifier: _Verifier
+    stops: _Stops
+    records: _Records
+
+
+def _set_up(model, input_ids, logits_processor, stopping_criteria, generation_config, assistant_model,
+            rule: AcceptanceRule, draft_length: DraftLengthPolicy, streamer, model_kwargs: dict,
+            prompt_lookup: PromptLookup | None = None, drafting: str | None = None) -> _Loop:
+    """Step 0: checks what the loop cannot run, then builds the caches (static ones for
+    `cache_implementation="static"`), the batch, the models' cached forwards and the drafter (`_drafter`)."""
+    check_generation_config(generation_config, input_ids, rule)
+    auto = check_drafting(drafting) == AUTO
+    # ("auto" without a draft model is refused by `auto_lookup`, before `_prompt_lookup` could ask for one)
+    given = None if auto and assistant_model is None else _prompt_lookup(generation_config, assistant_model,
+                                                                         prompt_lookup)
+    prompt_lookup = auto_lookup(drafting, assistant_model, given)
+    if prompt_lookup is not None and assistant_model is None:
+        rule.check_assistant_model(None)  # a rule that needs a draft model's distribution (rdk) says so
+    batch_size = input_ids.shape[0]
+    target_cache = model_kwargs[CACHE_ARGUMENT]
+    static = generation_config.cache_implementation == "static"
+    if not static and not isinstance(target_cache, DynamicCache):  # a static or quantized cache passed by the user
+        raise invalid_value(
+            CACHE_ARGUMENT, type(target_cache).__name__,
+            "a DynamicCache, which can be rolled back after rejections (or none: generate() creates one; "
+            "cache_implementation='static' for a static one)",
+            f"pass {CACHE_ARGUMENT}=DynamicCache(...) or leave it out",
+        )
+    attention_mask = model_kwargs.get("attention_mask")
+    cached = 0 if static else target_cache.get_seq_length()
+    _check_continuation(generation_config, input_ids, attention_mask, cached)
+    if streamer is not None and batch_size != 1:
+        raise invalid_value(
+            "streamer", type(streamer).__name__, "None with several prompts (a streamer follows one sequence)",
+            "drop the streamer, or call generate() once per prompt",
+        )
+    forward_kwargs = _unmanaged_forward_kwargs(model_kwargs)
+    do_sample = bool(generation_config.do_sample)
+    eos_ids, max_length, called_stopping_criteria = _split_stopping_criteria(
+        stopping_criteria, generation_config.max_length
+    )
+    capture_hidden = rule.requires_target_hidden_states
+    typical_length, compiled_gamma = _typical_length(draft_length), _compiled_gamma(draft_length)
+    if static:
+        capacity, target_cache, draft_cache, compiled_target, compiled_draft = _static_caches(
+            model, assistant_model, target_cache, generation_config, input_ids, max_length,
+            typical_length, capture_hidden,
+        )
+    else:
+        target_cache.activate_past_recording()  # sliding-window / linear-attention layers must roll back
+        capacity, draft_cache, compiled_target, compiled_draft = input_ids.shape[1] + 64, None, None, None
+    processors = BatchProcessors(logits_processor, batch_size)
+    # A compiled verify forward has one shape: γ + 1 slots at the policy's length (shorter rounds, near max_length or
+    # with a policy that varies γ, re-feed cached slots to keep it; longer ones compile their own).
+    verify_width = typical_length + 1 if compiled_target is not None else None
+    target = CachedModel(model, target_cache, compiled=compiled_target, static=static, min_width=verify_width)
+    target.cached = cached
+    drafter, drafting = _drafter(
+        model, assistant_model, rule, input_ids, attention_mask, prompt_lookup, processors, frozenset(eos_ids),
+        do_sample=do_sample, static=static, auto=auto, draft_cache=draft_cache, compiled_draft=compiled_draft,
+        compile_config=generation_config.compile_config, compiled_gamma=compiled_gamma, typical_length=typical_length,
+    )
+    if batch_size != 1 and not static:  # (static caches with sliding layers were refused above)
+        caches = [("model", target_cache)]
+        if assistant_model is not None:
+            caches.append(("assistant_model", drafter.cache))
+        for field, cache in caches:
+            if _has_sliding_layers(cache):
+                raise invalid_value(
+                    "input_ids.shape[0] (batch size)", batch_size,
+                    f"1 when {field} has sliding-window layers (a batch keeps rejected drafts in the caches as "
+                    "masked slots, which a sliding window would count against its width)",
+                    "call generate() once per prompt",
+                )
+    draft_length.set_deferred_window(rule.deferred_window)
+    return_dict = generation_config.return_dict_in_generate
+    return _Loop(
+        batch=DecodingBatch(input_ids, attention_mask, capacity, max_length + 1, grow=not static,
+                            max_position=max_length - 1),
+        models=_Models(target=target, drafter=drafter, target_cache=target_cache, static=static,
+                       capture_hidden=capture_hidden, forward_kwargs=forward_kwargs),
+        verifier=_Verifier(
+            rule=rule, processors=processors, do_sample=do_sample,
+            lm_head=model.get_output_embeddings() if capture_hidden else None,
+            # (greedy only: sampled, inductor would draw other numbers than the eager path with the same seed)
+            verification=compiled_verification(generation_config.compile_config) if (
+                compiled_target is not None and not do_sample and rule.compiles_verification
+                and compiled_gamma is not None
+            ) else None,
+            verification_gamma=compiled_gamma,
+        ),
+        stops=_Stops(max_length=max_length, eos_ids=eos_ids, called=called_stopping_criteria),
+        records=_Records(
+            rows=[_RowRecord(AcceptanceStats(acceptance=rule.name, acceptance_kwargs=rule.config.all_options(),
+                                             drafting=drafting), [], []) for _ in range(batch_size)],
+            keep_scores=bool(return_dict and generation_config.output_scores),
+            keep_logits=bool(return_dict and generation_config.output_logits),
+        ),
+    )
+
+
+def _drafter(model, assistant_model, rule: AcceptanceRule, input_ids: torch.LongTensor, attention_mask,
+             prompt_lookup: PromptLookup | None, processors: BatchProcessors, stop_token_ids: frozenset[int], *,
+             do_sample: bool, static: bool, auto: bool, draft_cache, compiled_draft, compile_config,
+             compiled_gamma: int | None, typical_length: int) -> tuple[Any, str | None]:
+    """The drafter and the drafting it reports (`drafting_choice`'s names; None with "auto" until it chooses): the
+    draft model's (`ModelDrafter`, with prompt lookup's candidates for multi-level drafting), prompt lookup's alone
+    without one (`NgramDrafter`), or with `auto` the two and the choice between them (`AutoDrafter`)."""
+    vocab_size = model.config.get_text_config().vocab_size
+    return_probs = do_sample or rule.requires_draft_probs
+    # Prompt lookup alone: without a draft model, or as one of "auto"'s ways where the rule verifies lookup's drafts
+    # as it verifies the draft model's (lossless: the same text; a lossy rule accepts other drafts).
+    lookup_drafter = None
+    if prompt_lookup is not None and (assistant_model is None or (
+            auto and rule.lossless and not rule.redistributes_draft)):
+        lookup_drafter = NgramDrafter(
+            input_ids, attention_mask, prompt_lookup, return_probs=return_probs, vocab_size=vocab_size,
+            output_device=input_ids.device, stop_token_ids=stop_token_ids, fixed_length=static,
+        )
+    if assistant_model is None:
+        return lookup_drafter, LOOKUP
+    drafter = ModelDrafter(
+        assistant_model,
+        processors,
+        do_sample=do_sample and not rule.greedy_drafts,
+        return_probs=return_probs,
+        output_device=input_ids.device,
+        vocab_size=vocab_size,
+        redistribute=rule.redistributes_draft,
+        stop_token_ids=stop_token_ids,
+        cache=draft_cache,
+        compiled=compiled_draft,
+        contexts=None if prompt_lookup is None else RowContexts(
+            input_ids, attention_mask, prompt_lookup, stop_token_ids=stop_token_ids
+        ),
+        # (the drafter uses it where its rounds allow: greedy drafts, no processors, no q kept, no lookup)
+        compiled_round=None if compiled_draft is None else compiled_round(compile_config),
+        round_width=compiled_gamma,
+    )
+    if not auto:
+        return drafter, MULTI_LEVEL if prompt_lookup is not None else DRAFT
+    costs = costs_for(model, assistant_model, prompt_lookup, static, compiled=compiled_draft is not None,
+                      batch_size=input_ids.shape[0], gamma=typical_length)
+    return AutoDrafter(drafter, lookup_drafter, costs, input_ids.device, leaves_lookup=not static), None
 
 
 def _check_continuation(generation_config: GenerationConfig, input_ids: torch.LongTensor,

@@ -63,7 +63,8 @@ import torch
 
 from .batch import DecodingBatch
 from .draft_length import DraftLengthPolicy
-from .drafting import DraftBlock, ModelDrafter
+from .draft_block import DraftBlock
+from .drafting import ModelDrafter
 from .errors import invalid_value
 from .ngram import NgramDrafter, PromptLookup, RowContexts
 

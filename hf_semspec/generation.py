@@ -21,12 +21,8 @@ from huggingface_hub import try_to_load_from_cache
 from transformers import GenerationConfig, StoppingCriteriaList
 from transformers.generation import StopStringCriteria
 
-from ._transformers_compat import (
-    is_derived_from_model_config,
-    mark_as_user_config,
-    resolved_do_sample,
-    transformers_default,
-)
+from ._transformers_compat import is_derived_from_model_config, mark_as_user_config
+from .call_fields import CALL, MODEL, PASSED_CONFIG, CallFields
 from .component_config import default_of, python_number
 from .decoding import speculative_decode
 from .draft_length import POLICIES, DraftLengthPolicy
@@ -55,63 +51,115 @@ def _resolve_component(
     model_generation_config: GenerationConfig | None,
     model_orphans_are_errors: bool = False,
 ) -> tuple[Any, Any, str | None]:
-    """Finds `(name, options, source)` for one component. The name: the first set of the call's, the passed
-    `generation_config`'s, the model's. The options, as transformers merges a call into a passed config and that
-    into the model's, field by field: the first set, in the same order, of those given for that name, i.e. with no
-    name beside them or the same one. So a rule's options never reach another rule, and options given without a
-    name anywhere (in the call or a passed config) are an error rather than dropped; the model's own too with
-    `model_orphans_are_errors` (the draft length, read only when a rule decodes; a model's orphan rule options leave
-    stock decoding stock). A passed config with the model's own name and options is the model's default (source
-    "model")."""
+    """`(name, options, source)` of one component given these values: `CallFields.component`, which `generate()`
+    reads through the call's one `CallFields`."""
     name_field, kwargs_field = fields
-    sources = [("call", call_name, call_kwargs)] + [
-        (source, getattr(config, name_field, None), getattr(config, kwargs_field, None))
-        for source, config in (("generation_config", generation_config), ("model", model_generation_config))
-    ]
-    if sources[1][1] is not None and sources[1][1:] == sources[2][1:]:
-        # A passed config that carries the model's own default (`generation_config=model.generation_config`, or a
-        # copy, as evaluation harnesses pass it) asks for nothing the model's default does not: read it as that.
-        sources[1] = ("model",) + sources[1][1:]
-    named = next(((source, name) for source, name, _ in sources if name is not None), None)
-    if named is None:
-        checked = sources if model_orphans_are_errors else sources[:2]
-        orphan = next(((source, options) for source, _, options in checked if options is not None), None)
-        if orphan is not None:
-            source, options = orphan
+    call = CallFields(model_generation_config, generation_config, {name_field: call_name, kwargs_field: call_kwargs})
+    return call.component(name_field, kwargs_field, listing_function=_REGISTRY_OF_FIELD[name_field].listing_function,
+                          model_orphans_are_errors=model_orphans_are_errors)
+
+
+def _speculative_rule(fields: CallFields, assistant_model) -> tuple[str | None, Any, float | None]:
+    """`(rule name, its options, transformers' ensemble weight read into it)` of the call; `(None, None, None)` where
+    stock transformers decodes: no rule anywhere, an explicit `acceptance=None`, or the model's default rule without
+    a draft model (its prompt lookup included). Refuses what only a rule would read, given without one."""
+    rule_off = fields.in_call("acceptance") and fields.call("acceptance") is None  # no rule, whatever the configs say
+    if rule_off and fields.call("acceptance_kwargs") is not None:
+        raise invalid_value("acceptance_kwargs", fields.call("acceptance_kwargs"),
+                            "None with acceptance=None (no rule decodes)",
+                            "drop acceptance_kwargs, or name the rule they are for with acceptance=...")
+    rule_name, rule_kwargs, source = (None, None, None) if rule_off else fields.component(
+        "acceptance", "acceptance_kwargs", listing_function=RULES.listing_function
+    )
+    if rule_name is None:
+        given = fields.given("draft_length", "draft_length_kwargs", DRAFTING_FIELD)
+        if given is not None:
+            field, value = given
+            stock = ("stock assisted generation drafts with the draft model alone" if field.endswith(DRAFTING_FIELD)
+                     else "stock assisted generation has its own num_assistant_tokens")
+            raise invalid_value(field, value, f"only together with an acceptance rule ({stock})",
+                                f'also set acceptance="exact" (or another rule), or drop {field}')
+        if getattr(assistant_model, "kept_token_ids", None) is not None:
             raise invalid_value(
-                {"call": kwargs_field, "generation_config": f"generation_config.{kwargs_field}",
-                 "model": f"model.generation_config.{kwargs_field}"}[source],
-                options,
-                f"only together with `{name_field}`",
-                f"also set {name_field}=... ({_REGISTRY_OF_FIELD[name_field].listing_function}() lists the names)",
+                "acceptance", None,
+                "a rule when assistant_model is a pruned-vocabulary drafter (stock assisted generation cannot map its "
+                "kept-token logits back to the target's vocabulary)",
+                'pass acceptance="exact" (or "rdk" for a drafter with an RDK kernel)',
             )
         return None, None, None
-    source, name = named
-    options = next((options for _, own, options in sources if options is not None and own in (None, name)), None)
-    return name, options, source
+    if assistant_model is None and source == "model":
+        # The model's default rule is off without a draft: options given for this call would silently do nothing.
+        given = fields.given("acceptance_kwargs", "draft_length", "draft_length_kwargs", DRAFTING_FIELD)
+        if given is not None:
+            field, value = given
+            raise invalid_value(
+                field, value,
+                f"None without assistant_model (the model's default acceptance={rule_name!r} decodes only with a "
+                "draft model; without one this is stock transformers decoding, its own prompt lookup included)",
+                f"pass assistant_model=<draft model>, or acceptance={rule_name!r} with the call (for prompt-lookup "
+                f"drafts verified by the rule), or drop {field}",
+            )
+        return None, None, None
+    return _with_ensemble_weight(rule_name, rule_kwargs, fields)
 
 
-def _first_given(call_options: dict[str, Any], generation_config: GenerationConfig | None,
-                 model_generation_config: GenerationConfig | None) -> tuple[str, Any] | None:
-    """`(field, value)` of the first option set: the call's (`call_options`, name → value), then the same fields of a
-    passed `generation_config` where they differ from the model's own (a passed copy of the model's config gives
-    nothing); None when none is."""
-    candidates = list(call_options.items()) + [
-        (f"generation_config.{name}", getattr(generation_config, name, None)) for name in call_options
-        if getattr(generation_config, name, None) != getattr(model_generation_config, name, None)
-    ]
-    return next(((field, value) for field, value in candidates if value is not None), None)
-
-
-def _first_set(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
+def _check_loop_arguments(fields: CallFields, rule_name: str, assistant_model, prompt_lookup: PromptLookup | None,
+                          custom_generate, synced_gpus, kwargs: dict) -> None:
+    """Refuses what the speculative loop cannot honour, before anything runs: no drafter, another loop, synced GPUs,
+    and transformers' assisted-generation options that a `custom_generate` loop never sees."""
+    if assistant_model is None and prompt_lookup is None:
+        raise invalid_value(
+            "assistant_model",
+            None,
+            f"a draft model when acceptance={rule_name!r} is set (or prompt-lookup drafts: prompt_lookup_num_tokens)",
+            "pass assistant_model=<draft model>, or prompt_lookup_num_tokens=<tokens per round> to draft from the "
+            "context without one, or drop `acceptance` for plain decoding (if this model is the draft of stock "
+            "assisted generation, which passes it the target's generation config and rule: detach it with "
+            "hf_semspec.detach)",
+        )
+    if custom_generate is not None:
+        raise invalid_value(
+            "custom_generate",
+            custom_generate,
+            "None together with `acceptance` (hf_semspec supplies the decoding loop)",
+            "drop one of the two",
+        )
+    if synced_gpus:
+        raise invalid_value("synced_gpus", synced_gpus, "False/None with an acceptance rule", "remove synced_gpus")
+    confidence_threshold, _ = fields.chosen("assistant_confidence_threshold", (CALL, PASSED_CONFIG))
+    if confidence_threshold is not None:
+        # transformers reads this stop from the draft model's generation config only and drops a call's value; here
+        # the draft length is the `draft_length` policy's alone, so a value given with the call would do nothing.
+        _refuse("assistant_confidence_threshold", confidence_threshold)
+    if kwargs.get("assistant_tokenizer") is not None:
+        # transformers drops it for a `custom_generate` loop (ours), so a draft with another tokenizer would be
+        # verified id by id against the wrong tokens.
+        raise invalid_value(
+            "assistant_tokenizer",
+            type(kwargs["assistant_tokenizer"]).__name__,
+            "None with an acceptance rule (universal assisted decoding across tokenizers is not supported; the "
+            "draft must share the target's tokenizer)",
+            "drop assistant_tokenizer (and use a draft with the target's tokenizer), or drop `acceptance` for "
+            "stock universal assisted decoding",
+        )
+    if kwargs.get("inputs_embeds") is not None:
+        raise invalid_value(
+            "inputs_embeds", "a tensor", "input_ids only with an acceptance rule", "pass input_ids instead"
+        )
+    if kwargs.get("position_ids") is not None:
+        # The loop derives positions from the attention mask and the cache, for the target and the draft alike.
+        raise invalid_value(
+            "position_ids", "a tensor", "None with an acceptance rule (positions come from attention_mask: left "
+            "padding shifts them)", "remove position_ids; for padding pass attention_mask",
+        )
 
 
 def _stop_strings_as_criteria(
-    kwargs: dict, generation_config: GenerationConfig | None, model: torch.nn.Module, stopping_criteria
+    kwargs: dict, fields: CallFields, generation_config: GenerationConfig | None, stopping_criteria
 ) -> tuple[StoppingCriteriaList | None, GenerationConfig | None]:
     """The stopping criteria with a `StopStringCriteria` for `stop_strings` (from the call, else the passed or the
-    model's generation config), and the generation config to hand transformers; pops `tokenizer` from `kwargs`.
+    model's generation config), and the generation config to hand transformers (`generation_config`, or a copy);
+    pops `tokenizer` from `kwargs`, what the call hands transformers.
 
     transformers builds that criterion from `generate(tokenizer=...)`, but for a `custom_generate` callable (our
     loop) it drops the tokenizer first, then fails with "could not locate a tokenizer". So the criterion is built
@@ -120,14 +168,10 @@ def _stop_strings_as_criteria(
     needs the tokenizer the same way: it is refused.
     """
     tokenizer = kwargs.pop("tokenizer", None)
-    token_healing = _first_set(
-        kwargs.get("token_healing"), getattr(generation_config, "token_healing", None),
-        model.generation_config.token_healing,
-    )
+    token_healing, _ = fields.chosen("token_healing")
     if token_healing:
         _refuse("token_healing", token_healing)
-    from_config, from_model = getattr(generation_config, "stop_strings", None), model.generation_config.stop_strings
-    stop_strings = kwargs["stop_strings"] if "stop_strings" in kwargs else _first_set(from_config, from_model)
+    stop_strings, _ = fields.merged("stop_strings")
     if stop_strings is None:
         return stopping_criteria, generation_config
     criteria = StoppingCriteriaList(stopping_criteria or [])
@@ -138,7 +182,7 @@ def _stop_strings_as_criteria(
                 "its token strings)", "pass tokenizer=<the target's tokenizer> to generate()",
             )
         criteria.append(StopStringCriteria(tokenizer, stop_strings))
-    return criteria, _hand_transformers_none("stop_strings", kwargs, generation_config, model)
+    return criteria, fields.for_transformers("stop_strings", kwargs, generation_config)
 
 
 def _refuse(name: str, value: Any) -> None:
@@ -147,76 +191,15 @@ def _refuse(name: str, value: Any) -> None:
     raise invalid_value(name, value, allowed_text(use), use.fix)
 
 
-def _hand_transformers_none(name: str, kwargs: dict, generation_config: GenerationConfig | None, model
-                            ) -> GenerationConfig | None:
-    """Makes transformers' `generate()` see field `name` as None (a setting the loop has read already), and returns
-    the generation config to pass it. A value only in a passed config is cleared in a copy of it (transformers reads
-    a None there as unset); one in the call or the model's config is overridden by the call's None (the model's would
-    fill a passed config's None back in; with a passed config, transformers then warns that a config and an argument
-    were both given)."""
-    if name in kwargs or getattr(model.generation_config, name, None) is not None:
-        kwargs[name] = None
-    elif getattr(generation_config, name, None) is not None:
-        generation_config = copy.deepcopy(generation_config)
-        setattr(generation_config, name, None)
-    return generation_config
-
-
-# Where a setting comes from, most to least specific: the call wins over a passed config, which wins over the model's.
-_CALL, _PASSED_CONFIG, _MODEL = 0, 1, 2
-
-
-def _set_in_passed_config(generation_config: GenerationConfig | None, model, name: str) -> Any:
-    """A passed `generation_config`'s `name` where the caller set it: None when unset or equal to the model's own (a
-    passed `model.generation_config`, or a copy of it, as evaluation harnesses pass it, asks for nothing), or, in a
-    config transformers already prepared (as its pipelines before 5.24 pass it), equal to transformers' own default
-    where the model sets none: what `generate()` would use anyway."""
-    value = getattr(generation_config, name, None)
-    own = getattr(model.generation_config, name, None)
-    if value == own or (own is None and value is not None and value == transformers_default(generation_config, name)):
-        return None
-    return value
-
-
-def _resolve_num_assistant_tokens(
-    kwargs: dict, generation_config: GenerationConfig | None, model
-) -> tuple[int | None, int | None]:
-    """`(num_assistant_tokens, source)`: from the call, else the passed, else the model's generation config, and
-    which of `_CALL`, `_PASSED_CONFIG`, `_MODEL` it came from. (Stock transformers reads it from the *draft's*
-    generation config and ignores the call's; we honour the call, and read the draft's as a default only:
-    `_drafts_own_length`.)"""
-    for source, value in ((_CALL, kwargs.get("num_assistant_tokens")),
-                          (_PASSED_CONFIG, _set_in_passed_config(generation_config, model, "num_assistant_tokens")),
-                          (_MODEL, model.generation_config.num_assistant_tokens)):
-        if value is not None:
-            return _checked_length("num_assistant_tokens", value), source
-    return None, None
-
-
-def _as_transformers_merges(name: str, kwargs: dict, generation_config: GenerationConfig | None, model
-                            ) -> tuple[Any, str]:
-    """`(value, field)` of transformers' field `name` as its `generate()` merges it: the call's (an explicit None
-    included), else a passed config's where not None, else the model's; `field` names where it came from, for the
-    errors."""
-    if name in kwargs:
-        return kwargs[name], name
-    passed = getattr(generation_config, name, None)
-    if passed is not None:
-        return passed, f"generation_config.{name}"
-    return getattr(model.generation_config, name, None), f"model.generation_config.{name}"
-
-
-def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | None, model,
-                           assistant_model) -> PromptLookup | None:
+def _checked_prompt_lookup(fields: CallFields) -> PromptLookup | None:
     """Prompt-lookup drafting's settings, `prompt_lookup_num_tokens` (k) and `max_matching_ngram_size` (n, default
-    2), read as transformers reads them (`_as_transformers_merges`) and validated; None when k is unset (with an
+    2), read as transformers reads them (`CallFields.merged`) and validated; None when k is unset (with an
     `assistant_model`, they turn on multi-level drafting). An n given with the call or a passed config without k,
     which nothing would read, is refused."""
-    num_tokens, num_tokens_field = _as_transformers_merges("prompt_lookup_num_tokens", kwargs, generation_config, model)
-    ngram_size, ngram_field = _as_transformers_merges("max_matching_ngram_size", kwargs, generation_config, model)
+    num_tokens, num_tokens_field = fields.merged("prompt_lookup_num_tokens")
+    ngram_size, ngram_field = fields.merged("max_matching_ngram_size")
     if num_tokens is None:
-        given = _first_given({"max_matching_ngram_size": kwargs.get("max_matching_ngram_size")}, generation_config,
-                             model.generation_config)
+        given = fields.given("max_matching_ngram_size")
         if given is not None:
             field, value = given
             raise invalid_value(
@@ -228,29 +211,14 @@ def _resolve_prompt_lookup(kwargs: dict, generation_config: GenerationConfig | N
     return check_prompt_lookup(num_tokens, ngram_size, num_tokens_field, ngram_field)
 
 
-def _resolve_drafting(call_value: Any, generation_config: GenerationConfig | None, model) -> tuple[str | None, str]:
-    """`(drafting, the field it came from)`: the call's (an explicit None included), else a passed config's, else the
-    model's, validated (`drafting_choice.check_drafting`, which names that field)."""
-    if call_value is not _NOT_GIVEN:
-        return check_drafting(call_value, DRAFTING_FIELD), DRAFTING_FIELD
-    for field, value in ((f"generation_config.{DRAFTING_FIELD}", getattr(generation_config, DRAFTING_FIELD, None)),
-                         (f"model.generation_config.{DRAFTING_FIELD}",
-                          getattr(model.generation_config, DRAFTING_FIELD, None))):
-        if value is not None:
-            return check_drafting(value, field), field
-    return None, DRAFTING_FIELD
-
-
-def _with_ensemble_weight(rule_name: Any, rule_kwargs: Any, kwargs: dict, generation_config: GenerationConfig | None,
-                          model) -> tuple[Any, Any, float | None]:
+def _with_ensemble_weight(rule_name: str, rule_kwargs: Any, fields: CallFields) -> tuple[str, Any, float | None]:
     """`(rule name, its options, the weight)` once transformers' `assistant_ensemble_weight` (read as transformers
     merges it: the call, a passed config, the model's) is taken into account. With `acceptance="exact"` it means
     `ensemble` at that weight, as it does in stock assisted generation; with `"ensemble"` it is the rule's weight
     where `acceptance_kwargs` gives none (the same one where both do). With any other rule it is refused: the two
-    relaxations do not compose. Without a rule it stays transformers' (stock assisted generation reads it). The weight
-    is None where unset or where no rule decodes."""
-    weight, field = _as_transformers_merges("assistant_ensemble_weight", kwargs, generation_config, model)
-    if weight is None or rule_name is None:
+    relaxations do not compose. The weight is None where unset."""
+    weight, field = fields.merged("assistant_ensemble_weight")
+    if weight is None:
         return rule_name, rule_kwargs, None
     number = python_number(weight)
     if isinstance(number, bool) or not isinstance(number, (int, float)) or not 0 < number < 1:
@@ -318,15 +286,6 @@ def _checked_length(field: str, value: Any, fix: str = "pass e.g. num_assistant_
     if value is not None and (not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_DRAFT_TOKENS):
         raise invalid_value(field, value, f"an int in [1, {MAX_DRAFT_TOKENS}] (draft tokens per round)", fix)
     return value
-
-
-def _source_of_options(options: Any, call_kwargs: Any, generation_config: GenerationConfig | None, model) -> int:
-    """Where the policy's options came from (`_CALL`, `_PASSED_CONFIG` or `_MODEL`, as `_resolve_component` chose
-    them): the call's object, a passed config's that the caller set, else the model's."""
-    if call_kwargs is not None and options is call_kwargs:
-        return _CALL
-    passed = _set_in_passed_config(generation_config, model, "draft_length_kwargs")
-    return _PASSED_CONFIG if passed is not None and options is passed else _MODEL
 
 
 def _length_set_in(options: Any, config_class: type, length_field: str) -> Any:
@@ -408,10 +367,7 @@ def forget_draft_length_state(assistant_model: torch.nn.Module | None = None) ->
 
 
 def _build_draft_length_policy(
-    call_name: Any,
-    call_kwargs: Any,
-    kwargs: dict,
-    generation_config: GenerationConfig | None,
+    fields: CallFields,
     model: torch.nn.Module,
     assistant_model: torch.nn.Module | None,
     rule: AcceptanceRule,
@@ -425,6 +381,7 @@ def _build_draft_length_policy(
     caps every round. A policy that `keeps_state_across_calls`, or the one of transformers' "heuristic" schedule, is
     kept per models (the target alone, and k and n, for prompt lookup), `drafting`, rule and options
     (`_kept_policy`). An instance, or a kept policy, is marked in use: release it after the call."""
+    call_name, call_kwargs = fields.call("draft_length"), fields.call("draft_length_kwargs")
     if isinstance(call_name, DraftLengthPolicy):
         if call_kwargs is not None:
             raise invalid_value(
@@ -432,9 +389,7 @@ def _build_draft_length_policy(
             )
         # The instance's own config sets its length; a length passed with it would be ignored. (The model's
         # generation config is not the caller's choice for this call, so it does not count.)
-        passed_length = _first_set(
-            kwargs.get("num_assistant_tokens"), _set_in_passed_config(generation_config, model, "num_assistant_tokens")
-        )
+        passed_length, _ = fields.chosen("num_assistant_tokens", (CALL, PASSED_CONFIG))
         if passed_length is not None:
             raise invalid_value(
                 "num_assistant_tokens", passed_length, "None when draft_length is a policy instance",
@@ -451,10 +406,8 @@ def _build_draft_length_policy(
                 )
             _POLICIES_IN_USE.add(id(call_name))
         return call_name
-    name, options, source = _resolve_component(
-        call_name, call_kwargs, DRAFT_LENGTH_FIELDS, generation_config, model.generation_config,
-        model_orphans_are_errors=True,
-    )
+    name, options, source = fields.component(*DRAFT_LENGTH_FIELDS, listing_function=POLICIES.listing_function,
+                                             model_orphans_are_errors=True)
     if isinstance(name, DraftLengthPolicy):  # from a config (the call's own instance returned above)
         # A config is saved as JSON, and a policy instance is state, not a setting: it goes with the call.
         where = {"generation_config": "a passed GenerationConfig", "model": "the model's generation_config"}[source]
@@ -464,15 +417,11 @@ def _build_draft_length_policy(
             "pass the instance with the call, generate(..., draft_length=policy), or put its name and options in "
             "the config (draft_length='<name>', draft_length_kwargs={...})",
         )
-    schedule = _first_set(
-        kwargs.get("num_assistant_tokens_schedule"),
-        _set_in_passed_config(generation_config, model, "num_assistant_tokens_schedule"),
-    )
+    schedule, _ = fields.chosen("num_assistant_tokens_schedule", (CALL, PASSED_CONFIG))
     if schedule is None and name is None:  # the model's (else the draft's) schedule, where no policy is named
-        schedule = _first_set(
-            model.generation_config.num_assistant_tokens_schedule,
-            _drafts_setting(assistant_model, "num_assistant_tokens_schedule"),
-        )
+        schedule, _ = fields.chosen("num_assistant_tokens_schedule", (MODEL,))
+        if schedule is None:
+            schedule = _drafts_setting(assistant_model, "num_assistant_tokens_schedule")
     if schedule is not None and (schedule not in _SCHEDULE_POLICIES or (name is not None and _SCHEDULE_POLICIES[schedule] != name)):
         raise invalid_value(
             "num_assistant_tokens_schedule",
@@ -487,10 +436,13 @@ def _build_draft_length_policy(
     policy_class = POLICIES.get(name)
     config = policy_class.config_class.from_kwargs(options)
     length_field = policy_class.length_field
-    num_assistant_tokens, length_source = _resolve_num_assistant_tokens(kwargs, generation_config, model)
+    # (Stock transformers reads γ from the *draft's* generation config and ignores the call's; the call wins here,
+    # and the draft's is a default only: `_drafts_own_length`.)
+    num_assistant_tokens, length_source = fields.chosen("num_assistant_tokens")
+    num_assistant_tokens = _checked_length("num_assistant_tokens", num_assistant_tokens)
     if length_field is not None:
         set_by_user = _length_set_in(options, policy_class.config_class, length_field)
-        options_source = _source_of_options(options, call_kwargs, generation_config, model)
+        options_source = fields.place_of("draft_length_kwargs", options)
         if num_assistant_tokens is not None and set_by_user is not None and set_by_user != num_assistant_tokens:
             # Two lengths: the more specific source wins (the call, then a passed config, then the model's), as for
             # every other setting; two from the same place contradict each other.
@@ -521,7 +473,7 @@ def _build_draft_length_policy(
             own = _drafts_own_length(assistant_model) if assistant_model is not None else (
                 prompt_lookup.num_tokens if prompt_lookup is not None else None
             )
-            start = _first_set(own, rule.default_num_draft_tokens)
+            start = own if own is not None else rule.default_num_draft_tokens
             setattr(config, length_field, default_length(config, length_field, start))
         config.validate()
     if policy_class.keeps_state_across_calls or carried_over_schedule:
@@ -537,7 +489,7 @@ def _build_draft_length_policy(
             # What they learn (round times, the draft's calibration) changes with the models' dtype or device and with
             # greedy or sampled acceptance; the heuristic schedule's length carries over as transformers carries it.
             key += _placement_key(model) + _placement_key(drafter)
-            key += (resolved_do_sample(kwargs, generation_config, model),)
+            key += (bool(fields.merged("do_sample")[0]),)  # (as transformers resolves it: None is greedy)
         return _kept_policy(model, drafter, key, lambda: policy_class(config))
     return policy_class(config)
 
@@ -817,125 +769,33 @@ def generate(
     # which the import-time guard and `enable()` read as "stock transformers from here on" (hf_semspec.enabling).
     stock_generate = type(model).generate
 
-    # 1. Which rule, from where.
-    rule_off = acceptance is None  # given as None: no rule for this call, whatever the configs say
-    if acceptance is _NOT_GIVEN or rule_off:
-        acceptance = None
-    rule_name, rule_kwargs, source = (None, None, None) if rule_off else _resolve_component(
-        acceptance, acceptance_kwargs, ACCEPTANCE_FIELDS, generation_config, model.generation_config
-    )
-    if rule_off and acceptance_kwargs is not None:
-        raise invalid_value("acceptance_kwargs", acceptance_kwargs, "None with acceptance=None (no rule decodes)",
-                            "drop acceptance_kwargs, or name the rule they are for with acceptance=...")
-    drafting_given = None if drafting is _NOT_GIVEN else drafting  # (for the checks of what was set)
+    # 1. Resolve: every field of the call, from the call, a passed config and the model's, read from here on.
+    # (`acceptance` and `drafting` may be given as None, which turns a config's value off; the others' None is unset)
+    given = {"acceptance": acceptance, "acceptance_kwargs": acceptance_kwargs, "draft_length": draft_length,
+             "draft_length_kwargs": draft_length_kwargs, DRAFTING_FIELD: drafting}
+    fields = CallFields(model.generation_config, generation_config, {
+        **kwargs, **{name: value for name, value in given.items()
+                     if value is not _NOT_GIVEN and (value is not None or name in ("acceptance", DRAFTING_FIELD))},
+    })
+
+    # 2. Which rule: none (or the model's default without a draft model) is stock transformers, unchanged.
+    rule_name, rule_kwargs, ensemble_weight = _speculative_rule(fields, assistant_model)
     if rule_name is None:
-        given = _first_given({"draft_length": draft_length, "draft_length_kwargs": draft_length_kwargs,
-                              DRAFTING_FIELD: drafting_given}, generation_config, model.generation_config)
-        if given is not None:
-            field, value = given
-            stock = ("stock assisted generation drafts with the draft model alone" if field.endswith(DRAFTING_FIELD)
-                     else "stock assisted generation has its own num_assistant_tokens")
-            raise invalid_value(
-                field,
-                value,
-                f"only together with an acceptance rule ({stock})",
-                f'also set acceptance="exact" (or another rule), or drop {field}',
-            )
-    if rule_name is None and getattr(assistant_model, "kept_token_ids", None) is not None:
-        raise invalid_value(
-            "acceptance",
-            None,
-            "a rule when assistant_model is a pruned-vocabulary drafter (stock assisted generation cannot map its "
-            "kept-token logits back to the target's vocabulary)",
-            'pass acceptance="exact" (or "rdk" for a drafter with an RDK kernel)',
-        )
-    if rule_name is not None and assistant_model is None and source == "model":
-        # The model's default rule is off without a draft: options given for this call would silently do nothing.
-        given = _first_given({"acceptance_kwargs": acceptance_kwargs, "draft_length": draft_length,
-                              "draft_length_kwargs": draft_length_kwargs, DRAFTING_FIELD: drafting_given},
-                             generation_config, model.generation_config)
-        if given is not None:
-            field, value = given
-            raise invalid_value(
-                field,
-                value,
-                f"None without assistant_model (the model's default acceptance={rule_name!r} decodes only with a "
-                "draft model; without one this is stock transformers decoding, its own prompt lookup included)",
-                f"pass assistant_model=<draft model>, or acceptance={rule_name!r} with the call (for prompt-lookup "
-                f"drafts verified by the rule), or drop {field}",
-            )
-    ensemble_weight = None
-    if rule_name is not None and not (assistant_model is None and source == "model"):  # (else: stock decoding)
-        rule_name, rule_kwargs, ensemble_weight = _with_ensemble_weight(
-            rule_name, rule_kwargs, kwargs, generation_config, model
-        )
-    if rule_name is None or (assistant_model is None and source == "model"):
         with _handing_to_transformers():
             return stock_generate(
                 model, assistant_model=assistant_model, custom_generate=custom_generate, **stock_arguments, **kwargs
             )
-    # Prompt-lookup drafts (no draft model): k and n as transformers would read them; refused with a draft model.
-    prompt_lookup = _resolve_prompt_lookup(kwargs, generation_config, model, assistant_model)
-    if assistant_model is None and prompt_lookup is None:
-        raise invalid_value(
-            "assistant_model",
-            None,
-            f"a draft model when acceptance={rule_name!r} is set (or prompt-lookup drafts: prompt_lookup_num_tokens)",
-            "pass assistant_model=<draft model>, or prompt_lookup_num_tokens=<tokens per round> to draft from the "
-            "context without one, or drop `acceptance` for plain decoding (if this model is the draft of stock "
-            "assisted generation, which passes it the target's generation config and rule: detach it with "
-            "hf_semspec.detach)",
-        )
-    if custom_generate is not None:
-        raise invalid_value(
-            "custom_generate",
-            custom_generate,
-            "None together with `acceptance` (hf_semspec supplies the decoding loop)",
-            "drop one of the two",
-        )
-    if synced_gpus:
-        raise invalid_value("synced_gpus", synced_gpus, "False/None with an acceptance rule", "remove synced_gpus")
-    confidence_threshold = _first_set(
-        kwargs.get("assistant_confidence_threshold"),
-        _set_in_passed_config(generation_config, model, "assistant_confidence_threshold"),
-    )
-    if confidence_threshold is not None:
-        # transformers reads this stop from the draft model's generation config only and drops a call's value; here
-        # the draft length is the `draft_length` policy's alone, so a value given with the call would do nothing.
-        _refuse("assistant_confidence_threshold", confidence_threshold)
-    if kwargs.get("assistant_tokenizer") is not None:
-        # transformers drops it for a `custom_generate` loop (ours), so a draft with another tokenizer would be
-        # verified id by id against the wrong tokens.
-        raise invalid_value(
-            "assistant_tokenizer",
-            type(kwargs["assistant_tokenizer"]).__name__,
-            "None with an acceptance rule (universal assisted decoding across tokenizers is not supported; the "
-            "draft must share the target's tokenizer)",
-            "drop assistant_tokenizer (and use a draft with the target's tokenizer), or drop `acceptance` for "
-            "stock universal assisted decoding",
-        )
-    if kwargs.get("inputs_embeds") is not None:
-        raise invalid_value(
-            "inputs_embeds", "a tensor", "input_ids only with an acceptance rule", "pass input_ids instead"
-        )
-    if kwargs.get("position_ids") is not None:
-        # The loop derives positions from the attention mask and the cache, for the target and the draft alike.
-        raise invalid_value(
-            "position_ids", "a tensor", "None with an acceptance rule (positions come from attention_mask: left "
-            "padding shifts them)", "remove position_ids; for padding pass attention_mask",
-        )
 
+    # 3. Check and build everything before transformers prepares the inputs; hand it None for what the loop reads.
+    prompt_lookup = _checked_prompt_lookup(fields)
+    _check_loop_arguments(fields, rule_name, assistant_model, prompt_lookup, custom_generate, synced_gpus, kwargs)
     tokenizer = kwargs.get("tokenizer")  # (popped here: transformers drops it for our loop)
-    stock_arguments["stopping_criteria"], stock_arguments["generation_config"] = _stop_strings_as_criteria(
-        kwargs, generation_config, model, stopping_criteria
+    handed_config = generation_config
+    stock_arguments["stopping_criteria"], handed_config = _stop_strings_as_criteria(
+        kwargs, fields, handed_config, stopping_criteria
     )
-
     if ensemble_weight is not None:  # read into the rule: transformers' own use of it is not what runs
-        stock_arguments["generation_config"] = _hand_transformers_none(
-            "assistant_ensemble_weight", kwargs, stock_arguments["generation_config"], model
-        )
-
-    # 2. Build and validate everything before transformers prepares the inputs.
+        handed_config = fields.for_transformers("assistant_ensemble_weight", kwargs, handed_config)
     rule = RULES.build(rule_name, rule_kwargs)
     _check_models(model, assistant_model, tokenizer)
     rule.check_target_model(model)
@@ -943,17 +803,14 @@ def generate(
     if prompt_lookup is not None:
         # Set, the field makes transformers choose its own assisted generation (`get_generation_mode`), whose checks
         # refuse `num_return_sequences > 1`, though the loop it runs is ours (which has read k and n already).
-        stock_arguments["generation_config"] = _hand_transformers_none(
-            "prompt_lookup_num_tokens", kwargs, stock_arguments["generation_config"], model
-        )
-    drafting, drafting_field = _resolve_drafting(drafting, generation_config, model)
+        handed_config = fields.for_transformers("prompt_lookup_num_tokens", kwargs, handed_config)
+    stock_arguments["generation_config"] = handed_config
+    drafting, drafting_field = fields.merged(DRAFTING_FIELD)
+    drafting = check_drafting(drafting, drafting_field)
     prompt_lookup = auto_lookup(drafting, assistant_model, prompt_lookup, drafting_field)
-    policy = _build_draft_length_policy(
-        draft_length, draft_length_kwargs, kwargs, generation_config, model, assistant_model, rule, prompt_lookup,
-        drafting,
-    )
+    policy = _build_draft_length_policy(fields, model, assistant_model, rule, prompt_lookup, drafting)
 
-    # 3. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
+    # 4. transformers prepares config, processors, criteria, lengths and the target's cache, then runs our loop.
     try:  # from the first statement after the policy was marked in use: an interrupt anywhere later releases it
         decoding_loop = functools.partial(
             speculative_decode,

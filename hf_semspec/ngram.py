@@ -45,7 +45,7 @@ from .batch import DecodingBatch
 from .component_config import python_number
 from .draft_length import DraftLengthPolicy
 from .draft_length.base import MAX_DRAFT_TOKENS
-from .drafting import PADDING_DRAFT, DraftBlock
+from .draft_block import PADDING_DRAFT, DraftBlock
 from .errors import invalid_value
 
 # transformers' default `max_matching_ngram_size` (`generation_config.max_matching_ngram_size or 2`).
@@ -109,7 +109,7 @@ PROMPT_LOOKUP_FORM = (f"K[:N]: K in [1, {MAX_DRAFT_TOKENS}], the most tokens cop
 
 def parse_prompt_lookup(text: str) -> PromptLookup:
     """A command line's `K[:N]` → `PromptLookup(K, N)`: `"6"` → k = 6 and transformers' n = 2, `"6:4"` → k = 6, n = 4
-    (what `python -m hf_semspec.compare --prompt-lookup` and the benchmarks take).
+    (what `python -m hf_semspec compare --prompt-lookup` and the benchmarks take).
 
     Raises:
         `ValueError`: naming the value, the form allowed and the fix (the caller adds its flag's name).

@@ -240,7 +240,7 @@ def test_a_sliding_window_model_takes_one_prompt_at_a_time(attached):
         attached.generate(ids, attention_mask=mask, assistant_model=draft, acceptance="exact", max_new_tokens=4)
 
 
-@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("compiled", [False, pytest.param(True, marks=pytest.mark.slow)])
 def test_a_batch_on_static_caches_decodes_each_row_as_alone(close_draft, compiled, fresh_compiler):
     """Static caches keep the batch's shape: a row that ends stays, masked, until all have; holes fit in the slots
     sized for the policy's length. Compiled (aot_eager on the CPU): the same."""

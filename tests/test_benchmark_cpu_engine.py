@@ -64,6 +64,14 @@ def test_the_report_rates_ratios_identical_share_and_choices(tmp_path):
     assert "`vllm draft`" in table  # the best speculative vLLM method: ties keep the first
     assert lines["generate plain"].startswith("| generate plain | 1.00 | 0.50× | 0.25× | 1.00 | 2/2 | — | 3 |")
     assert lines["generate auto"].startswith("| generate auto | 4.00 | 2.00× | 1.00× | 2.50 | 1/2 | draft 1, lookup 1 |")
+    assert "fastest fixed way" not in table  # no fixed way in these runs
+    generate["methods"]["generate exact"] = {"rows": [row("a", [1, 2], 0.5), row("b", [3, 4], 0.25)]}  # 4 and 8 tok/s
+    generate["methods"]["generate lookup"] = {"rows": [row("a", [1, 2], 1.0), row("b", [3, 4], 1.0)]}
+    paths[1].write_text(json.dumps(generate))
+    table = cpu_engine.report(paths)
+    # auto: 8 and 2.67 tok/s against exact's 4 and 8: ratios 2 and 1/3, geometric mean sqrt(2/3)
+    assert f"`generate exact`, prompt by prompt: {(2 / 3) ** 0.5:.2f}× (95% interval" in table
+    assert "0.33–2.00× over 2 prompts." in table
     mixed = {**generate, "prompts": "gsm8k:0:2"}
     (tmp_path / "m.json").write_text(json.dumps(mixed))
     with pytest.raises(ValueError, match="several prompt sets"):

@@ -15,7 +15,7 @@ from conftest import prompt, tiny_llama
 
 import hf_semspec
 from benchmarks import frontier, models
-from hf_semspec.compare import parse_configuration
+from hf_semspec.comparison import parse_configuration
 from hf_semspec.errors import SemSpecConfigError
 from test_benchmark_harness import thread_count_kept, write_tiny_data
 

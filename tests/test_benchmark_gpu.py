@@ -26,6 +26,7 @@ def smoke_run(tmp_path_factory):
     return results, out
 
 
+@pytest.mark.slow
 def test_every_section_is_written(smoke_run):
     results, out = smoke_run
     saved = json.loads((out / "smoke.json").read_text())
@@ -40,6 +41,7 @@ def test_every_section_is_written(smoke_run):
     assert gpu.render(saved) == text
 
 
+@pytest.mark.slow
 def test_compiled_costs_are_read_from_the_live_run(smoke_run):
     results, _ = smoke_run
     exact = next(r for r in results["live"] if r["rule"] == "exact" and r["compiled"])
@@ -55,6 +57,7 @@ def test_compiled_costs_are_read_from_the_live_run(smoke_run):
     assert exact["overhead_ms"] == pytest.approx(expected)
 
 
+@pytest.mark.slow
 def test_the_live_runs_cover_every_method(smoke_run):
     results, _ = smoke_run
     seen = {(r["method"], r["rule"], r["compiled"], r.get("draft")) for r in results["live"]}
@@ -68,6 +71,7 @@ def test_the_live_runs_cover_every_method(smoke_run):
             assert record["tau"] > GAMMA
 
 
+@pytest.mark.slow
 def test_every_live_record_keeps_the_contract(smoke_run):
     """What the next GPU session reads: every live record has compiled, batch_size, rule and alpha; speculative runs
     tau; every compiled speculative run, batched ones too, overhead_ms."""
@@ -85,6 +89,7 @@ def test_every_live_record_keeps_the_contract(smoke_run):
                                  "alpha": "1", "tau": 4.0}])
 
 
+@pytest.mark.slow
 def test_compiled_batches_and_alpha_one_run_live(smoke_run):
     results, _ = smoke_run
     compiled = [r for r in results["live"] if r["compiled"]]
@@ -103,6 +108,7 @@ def test_compiled_batches_and_alpha_one_run_live(smoke_run):
     assert set(results["verification_by_batch"]) == {1, 2}
 
 
+@pytest.mark.slow
 def test_warm_up_and_graphs_are_recorded(smoke_run):
     results, _ = smoke_run
     warmup = results["warmup"]
@@ -119,6 +125,7 @@ def test_warm_up_and_graphs_are_recorded(smoke_run):
     assert results["graphs_compiled"] >= 1 and results["skipped"] == []
 
 
+@pytest.mark.slow
 def test_a_compiled_rounds_host_time_is_split_by_the_loops_ranges(smoke_run):
     results, out = smoke_run
     host = results["host_breakdown"]
@@ -134,6 +141,7 @@ def test_a_compiled_rounds_host_time_is_split_by_the_loops_ranges(smoke_run):
     assert "## Host time of a compiled round" in (out / "smoke.md").read_text()
 
 
+@pytest.mark.slow
 def test_multi_level_drafting_is_modeled_from_its_forward(smoke_run):
     results, _ = smoke_run
     mla = results["mla_modeled"]
@@ -151,6 +159,7 @@ def test_multi_level_drafting_is_modeled_from_its_forward(smoke_run):
     assert entry["best"]["tokens_per_s"] == max(entry["tokens_per_s"].values())
 
 
+@pytest.mark.slow
 def test_a_group_past_the_budget_is_skipped_with_its_command(tmp_path):
     results = gpu.main(["--target", "tiny", "--draft", "tiny", "--device", "cpu", "--dtype", "float32",
                         "--compile-backend", "aot_eager", "--compile-mode", "none", "--prompt-length", "8",
@@ -161,6 +170,7 @@ def test_a_group_past_the_budget_is_skipped_with_its_command(tmp_path):
     assert not [r for r in results["live"] if r["compiled"]] and "mla_modeled" not in results
 
 
+@pytest.mark.slow
 def test_the_warmup_part_times_first_calls_from_the_caches(tmp_path):
     """`--parts warmup`: the first plain and speculative compiled calls of the process (here after a reset, as the
     suite compiled before), timed with the graphs they compiled (the `eager` backend: dynamo's graphs only)."""
@@ -186,6 +196,7 @@ def test_always_token_zero_makes_every_draft_right_and_restores_the_weights():
             pass
 
 
+@pytest.mark.slow
 def test_the_modeled_speed_prices_the_measured_costs_at_the_reference_acceptance(smoke_run):
     results, _ = smoke_run
     costs = results["costs"]

@@ -1058,6 +1058,7 @@ def test_a_shorter_warm_up_leaves_the_timed_generations_their_budget(tmp_path):
     assert max(r["new_tokens"] for r in results["records"]) > 3
 
 
+@pytest.mark.slow
 def test_cli_help_runs_as_a_script():
     result = subprocess.run([sys.executable, "benchmarks/run.py", "--help"], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=300)

@@ -23,6 +23,7 @@ def probe(tmp_path_factory):
     return results, out
 
 
+@pytest.mark.slow
 def test_compiled_calls_are_one_per_token_plain_and_three_per_round(probe):
     results, out = probe
     records = {(r["method"], r["batch_size"]): r for r in results["records"]}

@@ -1,4 +1,4 @@
-"""`hf_semspec.compare` and `python -m hf_semspec.compare`: `exact` against itself (identical, an NLL increase of
+"""`hf_semspec.compare` and `python -m hf_semspec compare`: `exact` against itself (identical, an NLL increase of
 exactly 0), a rule built to flip tokens (a positive NLL increase), the scorer's mean and paired wins/losses, seeded
 sampling that repeats, the `rule@option=value` variants and their errors, the CLI on each prompts format, and every
 field of the report. Tiny models, greedy unless said; no timing is asserted."""
@@ -17,7 +17,7 @@ from conftest import EOS, prompt, tiny_llama, tiny_tokenizer
 
 import hf_semspec
 import hf_semspec.generation
-from hf_semspec.compare import (
+from hf_semspec.comparison import (
     ComparisonReport,
     ConfigurationResult,
     PromptResult,
@@ -355,6 +355,35 @@ def test_the_cli_refuses_a_bad_variant_before_loading_a_model(tmp_path, capsys):
     assert "`rules` entry 'fly@windw=4'" in capsys.readouterr().err
 
 
+def test_the_package_command_dispatches_to_compare(tmp_path, capsys):
+    from hf_semspec.__main__ import main as package_main
+
+    (tmp_path / "prompts.txt").write_text("abcd\n")
+    with pytest.raises(SystemExit) as stopped:  # reached compare's own parser, which checks the rules first
+        package_main(["compare", "--target", str(tmp_path / "no-model"), "--prompts", str(tmp_path / "prompts.txt"),
+                      "--rules", "exact,fly@windw=4"])
+    assert stopped.value.code == 2
+    assert "`rules` entry 'fly@windw=4'" in capsys.readouterr().err
+    assert package_main(["comapre"]) == 2
+    assert "unknown command 'comapre'; allowed: compare" in capsys.readouterr().err
+    assert package_main([]) == 2 and "commands:" in capsys.readouterr().err
+    assert package_main(["--help"]) == 0 and "compare" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_python_dash_m_runs_compare_without_a_runpy_warning():
+    """The module (`hf_semspec.comparison`) and the function (`hf_semspec.compare`) have their own names, so
+    `python -m hf_semspec compare` runs no module the package has imported already (runpy's RuntimeWarning)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-m", "hf_semspec", "compare", "--help"],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "usage: python -m hf_semspec compare" in done.stdout
+    assert "Warning" not in done.stderr
+
+
 def test_the_cli_drafts_by_prompt_lookup_without_a_draft(saved_pair, tmp_path, capsys):
     (tmp_path / "prompts.jsonl").write_text('{"input_ids": [5, 9, 20, 5, 9, 20, 5, 9]}\n{"input_ids": [7, 8, 7, 8]}\n')
     common = ["--target", str(saved_pair / "target"), "--prompts", str(tmp_path / "prompts.jsonl"),
@@ -415,6 +444,22 @@ def test_a_prompts_file_of_json_records_is_not_read_as_text(tmp_path):
     assert load_prompts(tmp_path / "mixed.txt") == ['{"prompt": "abcd"}', "plain text"]
 
 
+def test_a_bad_prompts_line_names_the_file_and_the_line(tmp_path):
+    """One JSONL reader (`hf_semspec.jsonl`) serves prompts and corpora: a bad line is named as a corpus's is, a
+    byte-order mark is dropped, and a prompt holding U+2028 stays one record."""
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "abcd"}\n{"prompt": "ef\n', encoding="utf-8")
+    with pytest.raises(SemSpecConfigError, match=r"`prompts \(prompts.jsonl, line 2\)` = '\{\"prompt\": \"ef' is not "
+                                                 r"valid: allowed one JSON value a line.*or pass --prompts-format text"):
+        load_prompts(path)
+    path.write_text('{"prompt": "abcd"}\n\n{"text": "efgh"}\n', encoding="utf-8")
+    with pytest.raises(SemSpecConfigError, match=r"`prompts \(prompts.jsonl, line 3\)` = \{'text': 'efgh'\} is not "
+                                                 r"valid: allowed a JSON object with 'prompt'.*--prompts-format text"):
+        load_prompts(path)
+    path.write_text('{"prompt": "ab\u2028cd"}\r\n{"input_ids": [5, 6]}\n', encoding="utf-8-sig")
+    assert load_prompts(path) == [{"prompt": "ab\u2028cd"}, {"input_ids": [5, 6]}]
+
+
 def test_sampling_from_the_models_config_is_reported_and_warned(target, close_draft):
     config = target.generation_config
     saved = (config.do_sample, config.temperature, config.top_p)
@@ -435,7 +480,7 @@ def test_sampling_from_the_models_config_is_reported_and_warned(target, close_dr
 
 def test_intervals_use_student_t_not_the_normal_quantile():
     """Published t₀.₉₇₅ values; the normal 1.96 only as n grows. A mean of 3 values: ± 4.303·sd/√3."""
-    from hf_semspec.compare import geometric_mean_interval, mean_interval, t_quantile_975
+    from hf_semspec.comparison import geometric_mean_interval, mean_interval, t_quantile_975
 
     for df, table in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (9, 2.2622), (29, 2.0452), (1000, 1.9623)):
         assert t_quantile_975(df) == pytest.approx(table, abs=1e-4), df

@@ -471,6 +471,7 @@ def test_kept_policies_are_per_decoding_mode_as_transformers_resolves_it(attache
     sampled_rounds = rounds() + rounds(do_sample=True)  # the model's config, then the call: sampling both times
     assert len(_LearningPolicy.instances) == 1
     greedy_rounds = rounds(generation_config=GenerationConfig(do_sample=False)) + rounds(do_sample=False)
+    greedy_rounds += rounds(do_sample=None)  # the call's None: transformers decodes greedily, whatever the model says
     sampled_rounds += rounds(do_sample=True)
     sampled, greedy = _LearningPolicy.instances
     assert len(sampled.outcomes) == sampled_rounds and len(greedy.outcomes) == greedy_rounds

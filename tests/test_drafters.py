@@ -727,6 +727,9 @@ def test_corpus_files_with_a_byte_order_mark(tmp_path):
     (tmp_path / "c.txt").write_text("dog cat\nsat\n", encoding="utf-8-sig")
     assert load_corpus_texts(tmp_path / "c.jsonl") == ["dog cat"]
     assert load_corpus_texts(tmp_path / "c.txt") == ["dog cat", "sat"]  # not "\ufeffdog cat"
+    # a record of a known layout with no text in it adds nothing, and is not refused
+    (tmp_path / "d.jsonl").write_text('{"turns": []}\n{"text": "sat"}\n')
+    assert load_corpus_texts(tmp_path / "d.jsonl") == ["sat"]
 
 
 def test_nothing_to_keep_is_refused_without_special_tokens():

@@ -318,10 +318,13 @@ def test_costs_are_kept_per_pair_dtype_and_cache_kind_and_forgotten_on_request(a
                   dict(static=False, gamma=5, compiled=True)):
         assert costs_for(attached, close_draft, lookup, **other).estimate("step") is None
     assert costs_for(attached, close_draft, PromptLookup(3, 2), static=False, gamma=5).estimate("step") is None
-    samples = len(kept.step)
+    samples = len(kept.verify)
     second = attached.generate(REPEATING, assistant_model=close_draft, acceptance="exact", drafting="auto",
                                max_new_tokens=NEW_TOKENS, return_dict_in_generate=True)
-    assert len(kept.step) > samples  # the second call adds to the first's (and starts with them)
+    # The second call adds to the first's (and starts with them). Its verify forwards are timed in every exploring
+    # round but the first two; which of the draft's costs it times again depends on the way it explores (the cheaper
+    # by the timings so far), so those are not counted here.
+    assert len(kept.verify) > samples
     assert second.acceptance_stats.drafting_reason["draft_step_ms"] is not None
     hf_semspec.forget_drafting_costs()
     assert costs_for(attached, close_draft, lookup, static=False, gamma=5).estimate("step") is None

@@ -501,6 +501,7 @@ def test_the_lm_head_capture_ignores_other_threads_forwards():
         assert captured[0].shape[:2] == (1, 3)
 
 
+@pytest.mark.slow
 def test_the_lm_head_capture_traces_under_a_fullgraph_compile():
     # The thread check read threading.get_ident(), which torch.compile cannot trace: a target compiled with
     # fullgraph=True (transformers' documented pattern) failed every `dropmatch` call.

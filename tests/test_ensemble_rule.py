@@ -250,6 +250,7 @@ def test_prompt_lookup_alone_is_refused_and_multi_level_drafting_is_the_draft_s_
     assert multi_level.acceptance_stats.num_ngram_drafts > 0  # the lookup did draft
 
 
+@pytest.mark.slow
 def test_compiled_verification_decodes_as_the_eager_path(monkeypatch, fresh_compiler):  # noqa: F811
     """Greedy `ensemble` on static caches with a compile_config: its verification compiled (q passed in), the text
     of the eager dynamic path."""

@@ -114,6 +114,7 @@ KNOWN_EXTRA_READS = {
 
 @pytest.mark.parametrize("batch_size", [1, 3])
 @pytest.mark.parametrize("name", hf_semspec.available_rules())
+@pytest.mark.slow
 def test_one_host_sync_per_round_on_the_compiled_static_path(models, name, batch_size, monkeypatch, request):
     if (name, batch_size) in KNOWN_EXTRA_READS:  # runs, and fails the suite once it passes (then drop the entry)
         request.node.add_marker(pytest.mark.xfail(reason=KNOWN_EXTRA_READS[name, batch_size], strict=True))

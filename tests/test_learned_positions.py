@@ -120,6 +120,7 @@ def test_every_path_runs_to_the_end_of_the_table(gpt2, path, batch, name):
         assert_rows_equal_plain(target, out.sequences, ids, mask, POSITIONS - 8)
 
 
+@pytest.mark.slow
 def test_the_compiled_round_is_not_run_where_its_last_step_passes_the_table(monkeypatch, fresh_compiler):  # noqa: F811
     """The compiled round's steps count positions inside the graph: a round the loop cut short near max_length still
     runs all γ of them, so where its last step's position is the table's length it drafts step by step instead.

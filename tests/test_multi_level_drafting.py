@@ -218,6 +218,7 @@ def test_processors_that_read_the_prefix_and_a_per_token_policy_see_the_drafts_a
         assert multi.acceptance_stats.num_ngram_drafts > 0, policy
 
 
+@pytest.mark.slow
 def test_compiled_draft_steps_keep_the_text(fresh_compiler, same_draft):
     """Static caches and compiled forwards (aot_eager): the candidate block is always k wide, padded where a lookup
     finds fewer; the text is plain greedy and the rounds are the eager path's."""

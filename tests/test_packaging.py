@@ -5,6 +5,8 @@ import configparser
 from importlib import resources
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -25,6 +27,7 @@ def test_templates_and_custom_generate_are_package_data():
     assert {"generate.py", "requirements.txt"} <= custom
 
 
+@pytest.mark.slow
 def test_the_wheel_holds_the_library_only(tmp_path):
     # What a library user calls: the package and its data. The models' loader of the examples and benchmarks
     # (benchmarks/pypi_models.py) and the benchmarks themselves are not in it.

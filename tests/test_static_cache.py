@@ -145,6 +145,7 @@ def counted_compiled(monkeypatch, name: str) -> list[CountingCalls]:
 
 
 @pytest.mark.parametrize("do_sample", [False, True])
+@pytest.mark.slow
 def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fresh_compiler, do_sample):
     """With a compile_config the target's verify forwards run compiled (all but the first, which prefills the prompt),
     and so do the draft's: greedy, a round's γ steps in one compiled call (every round, the first after an eager
@@ -175,6 +176,7 @@ def test_compiled_forwards_decode_as_plain_decoding(monkeypatch, close_draft, fr
         assert 0 < verifications[0].calls == stats.drafted_per_round.count(4) < stats.num_target_forwards
 
 
+@pytest.mark.slow
 def test_a_rule_compiles_its_verification_only_when_it_says_so(monkeypatch, close_draft, fresh_compiler):
     """`compiles_verification` is the rule's promise that its greedy `verify` reads nothing back and keeps no Python
     state; without it (a rule registered elsewhere) the loop verifies eagerly, and decodes the same."""
@@ -201,6 +203,7 @@ ROUND_CASES = {
 
 
 @pytest.mark.parametrize("case", ROUND_CASES)
+@pytest.mark.slow
 def test_a_compiled_round_drafts_as_the_step_by_step_path(monkeypatch, close_draft, kept_ids, fresh_compiler, case):
     """The compiled round (a round's greedy γ steps in one compiled call) and the compiled verification against the
     same compiled decoding that drafts step by step and verifies eagerly: the same tokens and the same rounds (drafts
@@ -252,6 +255,7 @@ def test_a_compiled_round_drafts_as_the_step_by_step_path(monkeypatch, close_dra
 
 @pytest.mark.parametrize("policy, gamma", [("constant", 3), ("heuristic", 4)])
 @pytest.mark.parametrize("batch_size", [1, 2])
+@pytest.mark.slow
 def test_a_compiled_verify_forward_keeps_one_shape_and_compiles_once(
     monkeypatch, close_draft, fresh_compiler, policy, gamma, batch_size
 ):
@@ -291,6 +295,7 @@ def test_a_compiled_verify_forward_keeps_one_shape_and_compiles_once(
         assert (batch_size, gamma + 1) in set(verify_shapes)
 
 
+@pytest.mark.slow
 def test_compiled_sampling_draws_as_the_eager_path(close_draft, fresh_compiler):
     target = tiny_llama(seed=0)
     hf_semspec.attach(target)
@@ -359,12 +364,41 @@ def test_cpu_compile_config_is_what_makes_generate_compile_on_a_cpu(attached):
     assert not compiles_forward(attached, cache, replace_compile_config(attached, CompileConfig(mode=None)))
 
 
+def test_inductor_freezing_is_refused_where_generate_compiles(attached, close_draft, monkeypatch):
+    """Freezing folds a static cache's tensors into the graph (a later call decodes wrong tokens or fails): refused
+    by `cpu_compile_config()` and before the loop compiles anything, naming where it was set."""
+    import torch._inductor.config as inductor_config
+
+    compiled = []
+    monkeypatch.setattr(decoding, "compiled_forward", lambda *args: compiled.append(args))
+    refused = hf_semspec.SemSpecConfigError
+    with pytest.raises(refused, match=r"`compile_config.options\['freezing'\]` = True is not valid: allowed False "
+                                      r"when generate\(\) compiles"):
+        hf_semspec.cpu_compile_config(options={"freezing": True})
+    config = hf_semspec.cpu_compile_config()
+    # an eager backend has nothing to freeze
+    decoding.check_no_freezing(CompileConfig(backend="aot_eager", options={"freezing": True}))
+    monkeypatch.setattr(inductor_config, "freezing", True)
+    with pytest.raises(refused, match=r"`torch._inductor.config.freezing` = True .*Fix: set "
+                                      r"torch._inductor.config.freezing = False"):
+        hf_semspec.cpu_compile_config()
+    with pytest.raises(refused, match=r"`torch._inductor.config.freezing` = True"):
+        attached.generate(prompt(6), assistant_model=close_draft, acceptance="exact", max_new_tokens=8,
+                          cache_implementation="static", compile_config=config)
+    assert compiled == []
+    monkeypatch.setattr(inductor_config, "freezing", False)
+    attached.generate(prompt(6), assistant_model=close_draft, acceptance="exact", max_new_tokens=8,
+                      cache_implementation="static", compile_config=config)
+    assert len(compiled) == 2  # the target's forward and the draft's, once freezing is off
+
+
 def replace_compile_config(model, config: CompileConfig):
     generation_config = type(model.generation_config)(**model.generation_config.to_dict())
     generation_config.compile_config = config
     return generation_config
 
 
+@pytest.mark.slow
 def test_inductor_decodes_as_eager_plain_and_speculative(monkeypatch, close_draft, fresh_compiler):
     """Inductor's generated code (not `aot_eager`'s traced graphs): transformers' own compiled plain decoding, and
     `exact` with its compiled round, verify forward and verification, then multi-level drafting's fixed-width steps,

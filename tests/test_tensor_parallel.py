@@ -243,6 +243,7 @@ def decoded(ranks: list[dict], case: tuple) -> list[dict]:
     return results
 
 
+@pytest.mark.slow
 def test_the_target_is_sharded_and_the_draft_is_whole(ranks):
     """Otherwise every other test here would pass without tensor parallelism."""
     for rank in ranks:
@@ -254,6 +255,7 @@ def test_the_target_is_sharded_and_the_draft_is_whole(ranks):
 
 
 @pytest.mark.parametrize("case", CASES, ids=[case_id(*case) for case in CASES])
+@pytest.mark.slow
 def test_both_ranks_decode_the_same_tokens(ranks, case):
     """Every rule, greedy and sampled, one prompt and a batch, dynamic and static caches: the ranks emit the same
     tokens in the same rounds (so they also made the same collectives)."""
@@ -270,6 +272,7 @@ def test_both_ranks_decode_the_same_tokens(ranks, case):
 @pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
 @pytest.mark.parametrize("batched", [False, True], ids=["one", "batch"])
 @pytest.mark.parametrize("name", [name for name in hf_semspec.available_rules() if RULES.get(name).lossless])
+@pytest.mark.slow
 def test_greedy_lossless_rules_equal_plain_greedy_under_tensor_parallelism(ranks, name, batched, static):
     """Greedy `exact` (and every lossless rule, `rdk` with its pruned drafter) emits plain greedy decoding's tokens
     of the same sharded target (`type(model).generate` without an assistant), with rejections along the way."""
@@ -280,6 +283,7 @@ def test_greedy_lossless_rules_equal_plain_greedy_under_tensor_parallelism(ranks
     assert ranks[0]["plain"] == ranks[1]["plain"]
 
 
+@pytest.mark.slow
 def test_compiled_static_caches_equal_plain_greedy_under_tensor_parallelism(ranks):
     """With a compiled verify forward (what `cache_implementation="static"` gets on a GPU), the sharded target is
     compiled with static shapes (torch fails to trace a DTensor forward with symbolic ones), and greedy `exact`
@@ -292,6 +296,7 @@ def test_compiled_static_caches_equal_plain_greedy_under_tensor_parallelism(rank
     assert first["accepted_per_round"] == second["accepted_per_round"]
 
 
+@pytest.mark.slow
 def test_dropmatch_heads_on_a_sharded_head_equal_the_whole_head_s_on_every_rank(ranks):
     """`dropout_head_logits` with the DTensor (vocabulary-sharded) head: a plain tensor of every vocabulary entry,
     the heads the whole head gives, the same on both ranks."""

@@ -142,16 +142,19 @@ def test_stop_past_recording_turns_off_every_recording_layer():
     assert not any(layer.record_past for layer in recording)
 
 
-def test_do_sample_is_resolved_in_generates_order():
-    # The kept draft-length policies are per decoding mode, known before generate() resolves the config.
+def test_a_call_s_fields_merge_in_generates_order():
+    # `CallFields.merged` mirrors `_prepare_generation_config`: the kept draft-length policies are per decoding mode,
+    # known before generate() resolves the config, and prompt lookup and the ensemble weight are read the same way.
+    from hf_semspec.call_fields import CallFields
+
     model = tiny_llama(seed=0)
     for model_default in (None, True, False):
         model.generation_config.do_sample = model_default
         for passed in (None, GenerationConfig(), GenerationConfig(do_sample=True), GenerationConfig(do_sample=False)):
             for kwargs in ({}, {"do_sample": True}, {"do_sample": False}, {"do_sample": None}):  # None: greedy
                 resolved, _ = model._prepare_generation_config(passed, **kwargs)
-                assert compat.resolved_do_sample(kwargs, passed, model) is bool(resolved.do_sample), (
-                    model_default, passed and passed.do_sample, kwargs)
+                merged, _ = CallFields(model.generation_config, passed, kwargs).merged("do_sample")
+                assert bool(merged) is bool(resolved.do_sample), (model_default, passed and passed.do_sample, kwargs)
 
 
 @pytest.mark.parametrize("kind", ["model", "pruned drafter"])

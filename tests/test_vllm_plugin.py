@@ -189,6 +189,7 @@ def test_sampled_tokens_follow_the_rule_s_distribution(with_q):
 # -- packaging ------------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_import_hf_semspec_needs_no_vllm():
     """Only the plugin's entry point imports vLLM: `import hf_semspec` (and the plugin module itself) never does."""
     code = ("import sys; import hf_semspec, hf_semspec.vllm_plugin; "

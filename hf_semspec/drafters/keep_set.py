@@ -8,7 +8,6 @@ never produced by the tokenizer and so are never counted).
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import numbers
@@ -21,6 +20,7 @@ from typing import Any
 import torch
 
 from ..errors import invalid_value
+from ..jsonl import read_lines, read_records
 
 logger = logging.getLogger(__name__)
 
@@ -71,35 +71,14 @@ def load_corpus_texts(path: str | os.PathLike) -> list[str]:
         raise invalid_value(
             "corpus", str(path), "an existing JSONL/.txt file, or a list of texts", "check the path, or pass the texts"
         )
-    # Universal newlines: "\r\n" and "\r" arrive as "\n"; "utf-8-sig" drops a byte-order mark (Windows editors
-    # write one).
-    with open(path, encoding="utf-8-sig") as f:
-        # Not splitlines(): it also splits at U+2028, U+2029 and U+0085, which JSON strings may hold unescaped
-        # (json.dumps(..., ensure_ascii=False) writes them so), cutting a record in two.
-        lines = f.read().split("\n")
     if path.suffix == ".txt":
-        return [line for line in lines if line.strip()]
-    texts: list[str] = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as err:
-            raise invalid_value(
-                f"corpus ({path.name}, line {number})", line[:80], "one JSON record per line", f"fix the line ({err})"
-            ) from None
-        record_texts = _record_texts(record)
-        if record_texts is None:
-            keys = sorted(record) if isinstance(record, dict) else type(record).__name__
-            raise invalid_value(
-                f"corpus ({path.name}, line {number})",
-                keys,
-                "records of the layouts " + "; ".join(RECORD_LAYOUTS),
-                "convert the file to one of these layouts, or pass a list of texts",
-            )
-        texts.extend(record_texts)
-    return texts
+        return [line for line in read_lines(path) if line.strip()]
+    per_record = read_records(
+        path, "corpus", "records of the layouts " + "; ".join(RECORD_LAYOUTS),
+        "convert the file to one of these layouts, or pass a list of texts", parse=_record_texts,
+        shown=lambda record: sorted(record) if isinstance(record, dict) else type(record).__name__,
+    )
+    return [text for texts in per_record for text in texts]
 
 
 @dataclass

@@ -5,7 +5,7 @@
                                 tokenizer=tokenizer, max_new_tokens=256, repeats=3)
     print(report.to_markdown())
 
-or from a shell: `python -m hf_semspec.compare --target T --draft D --prompts prompts.jsonl --rules exact,fly`.
+or from a shell: `python -m hf_semspec compare --target T --draft D --prompts prompts.jsonl --rules exact,fly`.
 
 `exact` (lossless) always runs and is the reference. Per configuration (a rule and its options) the report gives what
 the rule buys, tokens/s and the speed-up over `exact`, τ and the acceptance rate, and what it costs: the share of
@@ -36,15 +36,11 @@ from typing import Any
 import torch
 
 from .errors import SemSpecConfigError, invalid_value
+from .jsonl import read_lines, read_records
 from .generation import _is_attached, attach, detach
 from .ngram import parse_prompt_lookup
 from .rules import RULES
 from .stats import AcceptanceStats
-
-if getattr(sys, "argv", [])[:1] == ["-m"]:
-    # `python -m hf_semspec.compare` imports the package, which imports this module, before runpy runs it as
-    # __main__; runpy then warns that the module was imported first. Harmless here (the CLI uses its own copy).
-    warnings.filterwarnings("ignore", message=r"'hf_semspec\.compare' found in sys\.modules", category=RuntimeWarning)
 
 REFERENCE = "exact"
 DEFAULT_RULES = ("exact", "fly", "ears")
@@ -667,6 +663,45 @@ def compare(
     Returns:
         `ComparisonReport`: `to_dict()` for JSON, `to_markdown()` for a table, `report["fly"]` for one row.
     """
+    plan = _plan(target, draft, prompts, rules, tokenizer, score, repeats, seed, generate_kwargs)
+    measured = _measure(plan, target, draft, warmup=warmup, progress=progress)
+    return _report(plan, measured)
+
+
+@dataclass
+class _Plan:
+    """What a comparison runs, checked before any model call: the configurations, the encoded prompts, the decoding
+    settings, and the keyword arguments of every `generate()` call."""
+
+    configurations: list[Configuration]
+    prompts: list[Any]
+    encoded: list[torch.LongTensor]
+    repeats: int
+    seed: int | None
+    tokenizer: Any
+    score: Callable[[Any, Any], float] | None
+    generate_kwargs: dict  # as the caller gave them (for the report)
+    call_kwargs: dict  # what every call passes (the tokenizer added)
+    decoding: dict
+    eos_ids: list[int]
+
+    def text_of(self, ids: list[int]) -> str | None:
+        return self.tokenizer.decode(ids, skip_special_tokens=True) if self.tokenizer is not None else None
+
+
+@dataclass
+class _Measured:
+    """What the calls gave: every timed call's run, per (prompt, configuration); the NLL of each distinct output and
+    its score, per (prompt, output ids)."""
+
+    runs: dict[tuple[int, str], list[_Run]] = field(default_factory=dict)
+    nll: dict[tuple[int, tuple[int, ...]], float | None] = field(default_factory=dict)
+    scores: dict[tuple[int, tuple[int, ...]], float] = field(default_factory=dict)
+
+
+def _plan(target, draft, prompts, rules, tokenizer, score, repeats, seed, generate_kwargs: dict) -> _Plan:
+    """compare()'s arguments checked (each error names the argument and the fix), the prompts encoded, and the
+    decoding settings resolved (with a warning when sampling comes from the model's config)."""
     configurations = parse_rules(rules)
     for name in RESERVED_GENERATE_KWARGS:
         if name in generate_kwargs:
@@ -694,61 +729,63 @@ def compare(
     prompts = list(prompts)
     if not prompts:
         raise invalid_value("prompts", prompts, "at least one prompt", "pass a list of prompts")
-    device = target.device
-    encoded = [_encode_prompt(p, i, tokenizer, device) for i, p in enumerate(prompts)]
+    encoded = [_encode_prompt(p, i, tokenizer, target.device) for i, p in enumerate(prompts)]
     decoding = resolved_decoding(target, generate_kwargs)
     if decoding["do_sample"] and "do_sample" not in generate_kwargs:
         warnings.warn(
             "compare() samples: do_sample=True comes from the model's generation config (or the generation_config "
             f"passed), with {', '.join(f'{k}={v}' for k, v in decoding.items() if k != 'do_sample')}; outputs then "
             "differ from exact's by the draws as well as by the rule. Pass do_sample=False for greedy decoding, or "
-            "do_sample=True to say so.", stacklevel=2)
-    eos_ids = _eos_ids(target, generate_kwargs)
+            "do_sample=True to say so.", stacklevel=3)
     call_kwargs = dict(generate_kwargs)
     if tokenizer is not None:
         call_kwargs.setdefault("tokenizer", tokenizer)
-    stock = _StockCall(target, draft, call_kwargs) if any(c.is_stock for c in configurations) else None
+    return _Plan(configurations, prompts, encoded, repeats, seed, tokenizer, score, dict(generate_kwargs),
+                 call_kwargs, decoding, _eos_ids(target, generate_kwargs))
+
+
+def _measure(plan: _Plan, target, draft, *, warmup: bool, progress: bool) -> _Measured:
+    """Runs the plan: the warm-up calls, then per prompt and repeat every configuration in a rotated order, scoring
+    each distinct output as it comes; then one teacher-forced target forward per distinct output for its NLL. The
+    target is attached for the calls where it was not, and torch's RNG state is restored afterwards."""
+    measured = _Measured()
+    stock = _StockCall(target, draft, plan.call_kwargs) if any(c.is_stock for c in plan.configurations) else None
 
     def decode(configuration: Configuration, prompt_index: int) -> _Run:
-        input_ids = encoded[prompt_index]
-        if seed is not None:
-            torch.manual_seed(seed + prompt_index)
+        input_ids = plan.encoded[prompt_index]
+        if plan.seed is not None:
+            torch.manual_seed(plan.seed + prompt_index)
         # No garbage collection while timed (as `timeit`): it would be charged to whichever configuration was unlucky.
         collecting = gc.isenabled()
         gc.disable()
         try:
             if configuration.is_stock:
-                return stock.run(input_ids, configuration.options, eos_ids)
-            _synchronize(device)
+                return stock.run(input_ids, configuration.options, plan.eos_ids)
+            _synchronize(target.device)
             start = time.perf_counter()
             out = target.generate(input_ids, attention_mask=torch.ones_like(input_ids), assistant_model=draft,
                                   acceptance=configuration.rule, acceptance_kwargs=dict(configuration.options),
-                                  return_dict_in_generate=True, **call_kwargs)
-            _synchronize(device)
+                                  return_dict_in_generate=True, **plan.call_kwargs)
+            _synchronize(target.device)
             seconds = time.perf_counter() - start
         finally:
             if collecting:
                 gc.enable()
-        return _Run(new_token_ids(out.sequences, input_ids.shape[1], eos_ids), seconds, out.acceptance_stats)
-
-    def text_of(ids: list[int]) -> str | None:
-        return tokenizer.decode(ids, skip_special_tokens=True) if tokenizer is not None else None
-
-    scores: dict[tuple[int, tuple[int, ...]], float] = {}
+        return _Run(new_token_ids(out.sequences, input_ids.shape[1], plan.eos_ids), seconds, out.acceptance_stats)
 
     def score_of(i: int, ids: list[int]) -> None:
         """Scores prompt i's output `ids` once (a scorer that fails, fails on the first output, not after the run)."""
         key = (i, tuple(ids))
-        if score is None or key in scores:
+        if plan.score is None or key in measured.scores:
             return
-        text = text_of(ids)
-        value = score(prompts[i], text if text is not None else list(ids))
+        text = plan.text_of(ids)
+        value = plan.score(plan.prompts[i], text if text is not None else list(ids))
         if not isinstance(value, numbers.Real) or math.isnan(value):
             raise invalid_value("score", _short(value), "a number (int or float) from score(prompt, text)",
                                 "return e.g. float(answer == reference)")
-        scores[key] = float(value)
+        measured.scores[key] = float(value)
 
-    runs: dict[tuple[int, str], list[_Run]] = {}
+    configurations, num_prompts = plan.configurations, len(plan.encoded)
     was_attached = _is_attached(target)
     cuda = sorted({p.device.index or 0 for m in (target, draft) if m is not None for p in m.parameters()
                    if p.device.type == "cuda"})
@@ -761,33 +798,37 @@ def compare(
                     warm = decode(configuration, 0)
                     if configuration.name == REFERENCE:  # the scorer's first call, before any timed one
                         score_of(0, warm.ids)
-            bar = _Progress(len(encoded) * repeats * len(configurations), len(encoded), progress)
+            bar = _Progress(num_prompts * plan.repeats * len(configurations), num_prompts, progress)
             try:
-                for i in range(len(encoded)):
-                    for repeat in range(repeats):
+                for i in range(num_prompts):
+                    for repeat in range(plan.repeats):
                         k = (i + repeat) % len(configurations)
                         for configuration in configurations[k:] + configurations[:k]:
                             run = decode(configuration, i)
                             if repeat == 0:
                                 score_of(i, run.ids)
-                            runs.setdefault((i, configuration.name), []).append(run)
+                            measured.runs.setdefault((i, configuration.name), []).append(run)
                             bar.call_done(configuration.name, i)
                     bar.prompt_done(i)
             finally:
                 bar.close()
-        nll: dict[tuple[int, tuple[int, ...]], float | None] = {}
-        for (i, _), prompt_runs in runs.items():
+        for (i, _), prompt_runs in measured.runs.items():
             key = (i, tuple(prompt_runs[0].ids))
-            if key not in nll:  # one forward per distinct output: identical outputs get the very same number
-                nll[key] = target_nll(target, encoded[i], prompt_runs[0].ids)
+            if key not in measured.nll:  # one forward per distinct output: identical outputs get the very same number
+                measured.nll[key] = target_nll(target, plan.encoded[i], prompt_runs[0].ids)
     finally:
         if not was_attached:
             detach(target)
+    return measured
 
-    lookup = generate_kwargs.get("prompt_lookup_num_tokens") is not None
-    rows = [_summarize(c, runs, encoded, nll, scores, text_of, score is not None, lookup) for c in configurations]
-    return ComparisonReport(rows, len(encoded), repeats, seed, _json_ready(generate_kwargs), _json_ready(decoding))
 
+def _report(plan: _Plan, measured: _Measured) -> ComparisonReport:
+    """The report: one row per configuration (`_summarize`), with the run's settings."""
+    lookup = plan.generate_kwargs.get("prompt_lookup_num_tokens") is not None
+    rows = [_summarize(c, measured.runs, plan.encoded, measured.nll, measured.scores, plan.text_of,
+                       plan.score is not None, lookup) for c in plan.configurations]
+    return ComparisonReport(rows, len(plan.encoded), plan.repeats, plan.seed, _json_ready(plan.generate_kwargs),
+                            _json_ready(plan.decoding))
 
 DECODING_FIELDS = ("do_sample", "temperature", "top_p", "top_k", "max_new_tokens")
 
@@ -862,7 +903,7 @@ def _summarize(configuration, runs, encoded, nll, scores, text_of, scored, looku
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# The command line: python -m hf_semspec.compare
+# The command line: python -m hf_semspec compare
 # ---------------------------------------------------------------------------------------------------------------------
 
 
@@ -872,7 +913,7 @@ def load_prompts(path: str | Path, form: str = "auto") -> list[Any]:
     `.jsonl` or `.ndjson` file (any case), else `text`, which refuses a file whose every line is such a JSON object
     (one text prompt a line would be the records' JSON)."""
     path = Path(path)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    lines = read_lines(path)
     if form == "auto":
         form = "jsonl" if path.suffix.lower() in (".jsonl", ".ndjson") else "text"
         if form == "text" and lines and all(_is_prompt_record(line) for line in lines if line.strip()):
@@ -881,20 +922,16 @@ def load_prompts(path: str | Path, form: str = "auto") -> list[Any]:
                              "the lines as they are)")
     if form == "text":
         return [line for line in lines if line.strip()]
-    prompts = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ValueError(f"{path}:{number}: not JSON ({error}). Fix: one JSON object a line, or "
-                             "--prompts-format text") from None
-        if not isinstance(record, dict) or not ({"prompt", "input_ids"} & set(record)):
-            raise ValueError(f"{path}:{number}: {_short(record)} has no 'prompt' or 'input_ids'. Fix: give each line "
-                             'one, e.g. {"prompt": "..."} or {"input_ids": [1, 2, 3]}')
-        prompts.append(record)
-    return prompts
+    return read_records(
+        path, "prompts", "a JSON object with 'prompt' (text) or 'input_ids' (token ids)",
+        'give each line one, e.g. {"prompt": "..."} or {"input_ids": [1, 2, 3]}, or pass --prompts-format text',
+        parse=lambda record: record if _is_prompt(record) else None, shown=_short,
+        not_json_fix=", or pass --prompts-format text (prompts_format='text') to read each line as a prompt",
+    )
+
+
+def _is_prompt(record: Any) -> bool:
+    return isinstance(record, dict) and bool({"prompt", "input_ids"} & set(record))
 
 
 def _is_prompt_record(line: str) -> bool:
@@ -902,7 +939,7 @@ def _is_prompt_record(line: str) -> bool:
         record = json.loads(line)
     except json.JSONDecodeError:
         return False
-    return isinstance(record, dict) and bool({"prompt", "input_ids"} & set(record))
+    return _is_prompt(record)
 
 
 def _load_scorer(spec: str) -> Callable:
@@ -925,7 +962,7 @@ def _prompt_lookup(text: str) -> tuple[int, int | None]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m hf_semspec.compare",
+        prog="python -m hf_semspec compare",
         description="Compare acceptance rules against `exact` on your prompts: speed-up, τ, acceptance, identical "
         "outputs, the target's NLL increase, and an optional score. Prints a Markdown report.")
     parser.add_argument("--target", required=True, help="target model (path or Hub id)")
@@ -1039,6 +1076,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"wrote {args.output}", file=sys.stderr)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

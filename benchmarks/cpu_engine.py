@@ -356,11 +356,8 @@ def _auto_against_fixed(methods: dict) -> list[str]:
     if "generate auto" not in methods or not fixed:
         return []
     best = max(fixed, key=lambda name: _rate(methods[name][1]["rows"]))
-    def rate(row: dict) -> float:
-        return len(row["new_token_ids"]) / row["seconds"]
-
     theirs = {r["prompt_id"]: r for r in methods[best][1]["rows"]}
-    ratios = [rate(r) / rate(theirs[r["prompt_id"]]) for r in methods["generate auto"][1]["rows"]
+    ratios = [_rate([r]) / _rate([theirs[r["prompt_id"]]]) for r in methods["generate auto"][1]["rows"]
               if r["prompt_id"] in theirs]
     mean, interval = geometric_mean_interval(ratios)
     spread = "" if interval is None else f" (95% interval {interval[0]:.2f}–{interval[1]:.2f})"

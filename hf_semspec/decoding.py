@@ -405,11 +405,12 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
                 "pass cache_implementation='dynamic'",
             )
     compile_config = generation_config.compile_config
-    if (not capture_hidden and compiles_forward(model, target_cache, generation_config)) or (
-            assistant_model is not None and compiles_forward(assistant_model, draft_cache, generation_config)):
+    target_compiles = not capture_hidden and compiles_forward(model, target_cache, generation_config)
+    draft_compiles = assistant_model is not None and compiles_forward(assistant_model, draft_cache, generation_config)
+    if target_compiles or draft_compiles:
         check_no_freezing(compile_config)  # (before anything compiles)
     compiled_target = None
-    if not capture_hidden and compiles_forward(model, target_cache, generation_config):
+    if target_compiles:
         target_compile_config = compile_config
         if torch.distributed.is_available():
             import copy
@@ -420,9 +421,7 @@ def _static_caches(model, assistant_model, target_cache, generation_config, inpu
                 target_compile_config = copy.copy(compile_config or CompileConfig())  # keeps `_compile_all_devices`
                 target_compile_config.dynamic = False
         compiled_target = compiled_forward(model, target_compile_config)
-    compiled_draft = None
-    if assistant_model is not None and compiles_forward(assistant_model, draft_cache, generation_config):
-        compiled_draft = compiled_forward(assistant_model, compile_config)
+    compiled_draft = compiled_forward(assistant_model, compile_config) if draft_compiles else None
     return capacity, target_cache, draft_cache, compiled_target, compiled_draft
 
 
